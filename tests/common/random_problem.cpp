@@ -1,0 +1,210 @@
+#include "common/random_problem.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "common/bf16.h"
+
+namespace flashkda::testing {
+namespace {
+
+void fill_normal(std::vector<uint16_t>& x, std::mt19937_64& rng, double mult = 1.0) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& e : x) e = float_to_bf16(static_cast<float>(dist(rng) * mult));
+}
+
+void fill_uniform(std::vector<float>& x, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (auto& e : x) e = dist(rng);
+}
+
+template <typename Acc>
+double rel_error_impl(const double* ref, size_t n, const Acc& at) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = at(i);
+    if (!std::isfinite(x)) return std::numeric_limits<double>::infinity();
+    num += (x - ref[i]) * (x - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  if (den == 0.0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+std::string ProblemSpec::describe() const {
+  std::ostringstream os;
+  os << "H=" << H << " K=" << K << " V=" << V;
+  if (!seqlens.empty()) {
+    os << " seqlens=[";
+    for (size_t i = 0; i < seqlens.size(); ++i) os << (i ? "," : "") << seqlens[i];
+    os << "] cu=" << dtype_name(cu_seqlens_dtype);
+  } else {
+    os << " B=" << B << " T=" << T;
+  }
+  os << " gate=" << (gate == Gate::kSafe ? "safe" : "softplus") << " lb=" << lower_bound;
+  os << " init=" << (init == InitState::kNone ? "none" : init == InitState::kNormal ? "N(0,1)" : "1e3");
+  if (init != InitState::kNone) os << "/" << dtype_name(init_dtype);
+  os << " final=" << (final_state ? dtype_name(final_dtype) : "none");
+  os << " g=" << (g_input == GateInput::kNormal ? "N(0,1)"
+                  : g_input == GateInput::kUniform8 ? "U(-8,8)" : "const");
+  if (g_input == GateInput::kConstant) os << "(" << g_const << ")";
+  os << " dt_bias=" << (dt_bias_input == DtBiasInput::kUnit ? "U(0,1)" : "U(-8,8)");
+  os << " seed=" << seed;
+  return os.str();
+}
+
+RandomProblem::RandomProblem(const ProblemSpec& spec) : spec_(spec) {
+  Problem& p = p_;
+  p.H = spec.H;
+  p.K = spec.K;
+  p.V = spec.V;
+  if (!spec.seqlens.empty()) {
+    p.B = 1;
+    p.N = static_cast<int64_t>(spec.seqlens.size());
+    cu64.assign(1, 0);
+    for (int64_t len : spec.seqlens) cu64.push_back(cu64.back() + len);
+    p.T = cu64.back();
+    if (spec.cu_seqlens_dtype == DType::kI32) cu32.assign(cu64.begin(), cu64.end());
+  } else {
+    p.B = spec.B;
+    p.T = spec.T;
+    p.N = spec.B;
+  }
+  p.total_tokens = p.B * p.T;
+  p.gate = spec.gate;
+  p.lower_bound = spec.lower_bound;
+  p.scale = spec.scale > 0.0f ? spec.scale : static_cast<float>(1.0 / std::sqrt(double(spec.K)));
+
+  std::mt19937_64 rng(spec.seed);
+  const size_t TH = static_cast<size_t>(p.total_tokens * p.H);
+  q.resize(TH * p.K);
+  k.resize(TH * p.K);
+  v.resize(TH * p.V);
+  g.resize(TH * p.K);
+  beta.resize(TH);
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  fill_normal(v, rng);
+  switch (spec.g_input) {
+    case GateInput::kNormal: fill_normal(g, rng); break;
+    case GateInput::kConstant:
+      for (auto& e : g) e = float_to_bf16(spec.g_const);
+      break;
+    case GateInput::kUniform8: {
+      std::vector<float> tmp(g.size());
+      fill_uniform(tmp, rng, -8.0f, 8.0f);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = float_to_bf16(tmp[i]);
+      break;
+    }
+  }
+  fill_normal(beta, rng);
+  A_log.resize(p.H);
+  fill_uniform(A_log, rng, 0.0f, 1.0f);
+  dt_bias.resize(p.H * p.K);
+  if (spec.dt_bias_input == DtBiasInput::kUnit)
+    fill_uniform(dt_bias, rng, 0.0f, 1.0f);
+  else
+    fill_uniform(dt_bias, rng, -8.0f, 8.0f);
+
+  const size_t S = state_size();
+  if (spec.init != InitState::kNone) {
+    const double mult = spec.init == InitState::kLarge ? 1e3 : 1.0;
+    std::normal_distribution<double> dist(0.0, 1.0);
+    if (spec.init_dtype == DType::kBF16) {
+      init_bf16.resize(S);
+      for (auto& e : init_bf16) e = float_to_bf16(static_cast<float>(dist(rng) * mult));
+    } else {
+      init_f32.resize(S);
+      for (auto& e : init_f32) e = static_cast<float>(dist(rng) * mult);
+    }
+  }
+  if (spec.final_state) {
+    if (spec.final_dtype == DType::kBF16)
+      final_bf16.assign(S, 0x7fc0);  // NaN: catches elements that are never written
+    else
+      final_f32.assign(S, std::numeric_limits<float>::quiet_NaN());
+  }
+  out_.assign(TH * p.V, 0x7fc0);
+  bind();
+}
+
+void RandomProblem::bind() {
+  Problem& p = p_;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.g = g.data();
+  p.beta = beta.data();
+  p.A_log = A_log.data();
+  p.dt_bias = dt_bias.data();
+  p.initial_state = nullptr;
+  if (!init_bf16.empty()) {
+    p.initial_state = init_bf16.data();
+    p.initial_state_dtype = DType::kBF16;
+  } else if (!init_f32.empty()) {
+    p.initial_state = init_f32.data();
+    p.initial_state_dtype = DType::kF32;
+  }
+  p.final_state = nullptr;
+  if (!final_bf16.empty()) {
+    p.final_state = final_bf16.data();
+    p.final_state_dtype = DType::kBF16;
+  } else if (!final_f32.empty()) {
+    p.final_state = final_f32.data();
+    p.final_state_dtype = DType::kF32;
+  }
+  p.cu_seqlens = nullptr;
+  if (!spec_.seqlens.empty()) {
+    if (spec_.cu_seqlens_dtype == DType::kI32) {
+      p.cu_seqlens = cu32.data();
+      p.cu_seqlens_dtype = DType::kI32;
+    } else {
+      p.cu_seqlens = cu64.data();
+      p.cu_seqlens_dtype = DType::kI64;
+    }
+  }
+  p.out = out_.data();
+}
+
+size_t RandomProblem::state_size() const {
+  return static_cast<size_t>(p_.N * p_.H * p_.V * p_.K);
+}
+
+const void* RandomProblem::final_state() const { return p_.final_state; }
+
+double rel_error(const double* ref, const double* x, size_t n) {
+  return rel_error_impl(ref, n, [&](size_t i) { return x[i]; });
+}
+
+double rel_error(const double* ref, const float* x, size_t n) {
+  return rel_error_impl(ref, n, [&](size_t i) { return double(x[i]); });
+}
+
+double rel_error(const double* ref, const uint16_t* x_bf16, size_t n) {
+  return rel_error_impl(ref, n, [&](size_t i) { return double(bf16_to_float(x_bf16[i])); });
+}
+
+double rel_error(const double* ref, const void* x, DType dtype, size_t n) {
+  if (dtype == DType::kBF16) return rel_error(ref, static_cast<const uint16_t*>(x), n);
+  return rel_error(ref, static_cast<const float*>(x), n);
+}
+
+bool all_finite(const uint16_t* x_bf16, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(bf16_to_float(x_bf16[i]))) return false;
+  return true;
+}
+
+bool all_finite(const void* x, DType dtype, size_t n) {
+  if (dtype == DType::kBF16) return all_finite(static_cast<const uint16_t*>(x), n);
+  const float* f = static_cast<const float*>(x);
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(f[i])) return false;
+  return true;
+}
+
+}  // namespace flashkda::testing
