@@ -1,0 +1,111 @@
+// FlashKDA public C++ API: Kimi Delta Attention forward (prefill) over raw pointers.
+//
+// All tensors are dense, contiguous and row-major. Shapes follow ../docs/architecture.md and
+// the contract (KDA.md): activations tokens-major [B, T, H, D], state V-major [N, H, V, K].
+// Host pointers run on the CPU backend; device pointers on the CUDA path. forward() never
+// allocates device memory: query forward_workspace_size() and pass a buffer that large.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+// Same declaration as the CUDA runtime's, so this header needs no CUDA include.
+typedef struct CUstream_st* cudaStream_t;
+
+namespace flashkda {
+
+enum class DType : int32_t { kBF16 = 0, kF32 = 1, kI32 = 2, kI64 = 3, kF16 = 4, kF64 = 5 };
+enum class Gate : int32_t {
+  kSafe = 0,      // a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
+  kSoftplus = 1,  // a = -exp(A_log) * softplus(g + dt_bias)
+};
+enum class Backend : int32_t { kNone = 0, kCpu = 1, kCuda = 2 };
+
+const char* dtype_name(DType t);
+size_t dtype_size(DType t);
+
+// A view of a dense row-major tensor. data == nullptr means "not given" for optional tensors.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int32_t ndim = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+
+  bool given() const { return data != nullptr; }
+  int64_t numel() const;
+};
+
+// Convenience constructors.
+Tensor make_tensor(const void* data, DType dtype, int64_t d0);
+Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1);
+Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2);
+Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+
+// How forward() checks cu_seqlens that live on the device.
+enum class SeqlenCheck : int32_t {
+  // Copy cu_seqlens to the host and validate (a stream synchronisation), except while the
+  // stream is being captured into a CUDA graph, where only the device-side guards apply.
+  kHost = 0,
+  // No host copy, no synchronisation. Kernels still clamp every sequence to [0, T] so bad
+  // values never cause an out-of-bounds access, but the result is then undefined.
+  kDeviceGuardsOnly = 1,
+};
+
+struct ForwardArgs {
+  Tensor q;              // [B, T, H, K] bf16
+  Tensor k;              // [B, T, H, K] bf16
+  Tensor v;              // [B, T, H, V] bf16
+  Tensor g;              // [B, T, H, K] bf16, gate before activation
+  Tensor beta;           // [B, T, H]    bf16, logit (sigmoid inside)
+  Tensor A_log;          // [H]          f32
+  Tensor dt_bias;        // [H, K]       f32
+  Tensor initial_state;  // [N, H, V, K] bf16 or f32, optional
+  Tensor cu_seqlens;     // [N + 1]      i64 or i32, optional (then B == 1)
+  Tensor out;            // [B, T, H, V] bf16, written
+  Tensor final_state;    // [N, H, V, K] bf16 or f32, optional, written
+  float lower_bound = -5.0f;  // safe gate only, in [-5, 0)
+  float scale = 0.0f;         // output scale, usually K^-0.5; must be finite and > 0
+  Gate gate = Gate::kSafe;
+  SeqlenCheck seqlen_check = SeqlenCheck::kHost;
+};
+
+enum class ErrorCode : int32_t {
+  kOk = 0,
+  kInvalidArgument = 1,  // a tensor or scalar breaks the contract
+  kUnsupported = 2,      // valid by the contract, not implemented on this backend yet
+  kNoDevice = 3,         // device pointers given but no usable CUDA device / not built with CUDA
+  kCudaError = 4,        // a CUDA runtime call failed
+  kInternal = 5,
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// Which backend forward() would use for these arguments (host pointers: CPU; device: CUDA).
+// Throws Error on mixed or unusable pointer locations.
+Backend backend_for(const ForwardArgs& args);
+
+// Bytes of workspace forward() needs for these shapes (0 on the CPU backend). Validates args.
+size_t forward_workspace_size(const ForwardArgs& args);
+
+// Runs KDA forward. Validates every argument first and throws Error naming the argument, the
+// expectation and the value given. On the CUDA path the work is enqueued on `stream`
+// (no device allocation; a host synchronisation only for SeqlenCheck::kHost, see above).
+void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
+             cudaStream_t stream = nullptr);
+
+// Runtime information.
+bool cuda_compiled();          // the library was built with its CUDA kernels
+int cuda_device_count();       // usable CUDA devices (0 when none or no driver)
+std::string cuda_device_name(); // name of the current device, "" when none
+const char* version();
+
+}  // namespace flashkda

@@ -1,0 +1,70 @@
+// The C ABI: converts the C structs to the C++ API and turns exceptions into error codes.
+#include "flashkda/flashkda_c.h"
+
+#include <string>
+
+#include "flashkda/flashkda.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+flashkda::Tensor to_cpp(const flashkda_tensor& t) {
+  flashkda::Tensor r;
+  r.data = t.data;
+  r.dtype = static_cast<flashkda::DType>(t.dtype);
+  r.ndim = t.ndim;
+  for (int i = 0; i < 4; ++i) r.shape[i] = t.shape[i];
+  return r;
+}
+
+flashkda::ForwardArgs to_cpp(const flashkda_forward_args& a) {
+  flashkda::ForwardArgs r;
+  r.q = to_cpp(a.q), r.k = to_cpp(a.k), r.v = to_cpp(a.v), r.g = to_cpp(a.g);
+  r.beta = to_cpp(a.beta), r.A_log = to_cpp(a.A_log), r.dt_bias = to_cpp(a.dt_bias);
+  r.initial_state = to_cpp(a.initial_state), r.cu_seqlens = to_cpp(a.cu_seqlens);
+  r.out = to_cpp(a.out), r.final_state = to_cpp(a.final_state);
+  r.lower_bound = a.lower_bound;
+  r.scale = a.scale;
+  r.gate = static_cast<flashkda::Gate>(a.gate);
+  r.seqlen_check = static_cast<flashkda::SeqlenCheck>(a.seqlen_check);
+  return r;
+}
+
+template <typename Fn>
+int guarded(Fn&& fn) {
+  try {
+    fn();
+    g_last_error.clear();
+    return FLASHKDA_OK;
+  } catch (const flashkda::Error& e) {
+    g_last_error = e.what();
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return FLASHKDA_ERR_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int flashkda_forward_workspace_size(const flashkda_forward_args* args, size_t* bytes) {
+  return guarded([&] {
+    if (!args || !bytes) throw flashkda::Error(flashkda::ErrorCode::kInvalidArgument, "args and bytes must not be NULL");
+    *bytes = flashkda::forward_workspace_size(to_cpp(*args));
+  });
+}
+
+int flashkda_forward(const flashkda_forward_args* args, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    if (!args) throw flashkda::Error(flashkda::ErrorCode::kInvalidArgument, "args must not be NULL");
+    flashkda::forward(to_cpp(*args), workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+  });
+}
+
+const char* flashkda_last_error(void) { return g_last_error.c_str(); }
+const char* flashkda_version(void) { return flashkda::version(); }
+
+}  // extern "C"

@@ -1,0 +1,28 @@
+// Built when the library has no CUDA kernels: every pointer is host memory and the CUDA path
+// reports plainly that it is absent.
+#include "api/validate.h"
+#include "gpu/gpu_backend.h"
+
+namespace flashkda::gpu {
+
+PointerInfo locate(const void*) { return {}; }
+int device_count() { return 0; }
+int current_device() { return -1; }
+std::string device_name() { return ""; }
+bool stream_is_capturing(cudaStream_t) { return false; }
+
+void copy_to_host_sync(void*, const void*, size_t, cudaStream_t) {
+  fail(ErrorCode::kNoDevice, "flashkda was built without CUDA: no device memory can be read");
+}
+size_t prefill_workspace_size(const Problem&) {
+  fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
+}
+void prefill_forward(const Problem&, void*, size_t, cudaStream_t) {
+  fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
+}
+
+}  // namespace flashkda::gpu
+
+namespace flashkda {
+bool cuda_compiled() { return false; }
+}  // namespace flashkda

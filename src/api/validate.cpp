@@ -1,0 +1,187 @@
+#include "api/validate.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace flashkda {
+namespace {
+
+// Head sizes the kernels implement today; the contract allows others later.
+constexpr int64_t kSupportedHeadDim = 128;
+// The big activation tensors are read with 16-byte vector accesses.
+constexpr uintptr_t kActivationAlignment = 16;
+
+std::string dims_string(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  bool first = true;
+  for (int64_t d : dims) {
+    if (!first) s += ", ";
+    s += std::to_string(d);
+    first = false;
+  }
+  return s + "]";
+}
+
+void check_dtype(const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype == d) return;
+  std::string expected;
+  for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
+  fail(ErrorCode::kInvalidArgument, name, ": expected dtype ", expected, ", got ", dtype_name(t.dtype));
+}
+
+void check_ndim(const char* name, const Tensor& t, int ndim, const char* layout) {
+  if (t.ndim != ndim)
+    fail(ErrorCode::kInvalidArgument, name, ": expected ", ndim, " dimensions ", layout, ", got ",
+         t.ndim, " dimensions with shape ", shape_string(t));
+  for (int i = 0; i < ndim; ++i)
+    if (t.shape[i] < 0)
+      fail(ErrorCode::kInvalidArgument, name, ": dimension ", i, " is negative in shape ", shape_string(t));
+}
+
+void check_shape(const char* name, const Tensor& t, std::initializer_list<int64_t> dims, const char* layout) {
+  check_ndim(name, t, static_cast<int>(dims.size()), layout);
+  int i = 0;
+  for (int64_t d : dims) {
+    if (t.shape[i] != d)
+      fail(ErrorCode::kInvalidArgument, name, ": expected shape ", dims_string(dims), " ", layout, ", got ",
+           shape_string(t));
+    ++i;
+  }
+}
+
+void check_data(const char* name, const Tensor& t, uintptr_t alignment) {
+  if (!t.data && t.numel() > 0)
+    fail(ErrorCode::kInvalidArgument, name, ": data pointer is null for a tensor of shape ", shape_string(t));
+  const auto address = reinterpret_cast<uintptr_t>(t.data);
+  if (address % alignment != 0)
+    fail(ErrorCode::kInvalidArgument, name, ": data pointer must be ", alignment, "-byte aligned, got address 0x",
+         std::hex, address, std::dec, " (offset ", address % alignment, ")");
+}
+
+void check_state(const char* name, const Tensor& t, int64_t N, int64_t H, int64_t V, int64_t K) {
+  check_dtype(name, t, {DType::kBF16, DType::kF32});
+  check_shape(name, t, {N, H, V, K}, "[N, H, V, K]");
+  check_data(name, t, kActivationAlignment);
+}
+
+}  // namespace
+
+std::string shape_string(const Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+Problem validate_forward(const ForwardArgs& a) {
+  if (!a.q.given() && a.q.ndim == 0) fail(ErrorCode::kInvalidArgument, "q: required tensor is missing");
+  check_dtype("q", a.q, {DType::kBF16});
+  check_ndim("q", a.q, 4, "[B, T, H, K]");
+  const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
+  if (H < 1) fail(ErrorCode::kInvalidArgument, "q: expected at least one head (H >= 1), got H = ", H);
+  if (K != kSupportedHeadDim)
+    fail(ErrorCode::kUnsupported, "q: head dimension K must be ", kSupportedHeadDim, " (other sizes are not supported yet), got K = ", K);
+  check_data("q", a.q, kActivationAlignment);
+
+  check_dtype("k", a.k, {DType::kBF16});
+  check_shape("k", a.k, {B, T, H, K}, "[B, T, H, K] (same as q)");
+  check_data("k", a.k, kActivationAlignment);
+
+  check_dtype("v", a.v, {DType::kBF16});
+  check_ndim("v", a.v, 4, "[B, T, H, V]");
+  if (a.v.shape[0] != B || a.v.shape[1] != T || a.v.shape[2] != H)
+    fail(ErrorCode::kInvalidArgument, "v: expected shape [", B, ", ", T, ", ", H, ", V] matching q's [B, T, H], got ",
+         shape_string(a.v));
+  const int64_t V = a.v.shape[3];
+  if (V != kSupportedHeadDim)
+    fail(ErrorCode::kUnsupported, "v: head dimension V must be ", kSupportedHeadDim, " (other sizes are not supported yet), got V = ", V);
+  check_data("v", a.v, kActivationAlignment);
+
+  check_dtype("g", a.g, {DType::kBF16});
+  check_shape("g", a.g, {B, T, H, K}, "[B, T, H, K] (same as q)");
+  check_data("g", a.g, kActivationAlignment);
+
+  check_dtype("beta", a.beta, {DType::kBF16});
+  check_shape("beta", a.beta, {B, T, H}, "[B, T, H]");
+  check_data("beta", a.beta, 2);
+
+  check_dtype("A_log", a.A_log, {DType::kF32});
+  check_shape("A_log", a.A_log, {H}, "[H]");
+  check_data("A_log", a.A_log, 4);
+
+  check_dtype("dt_bias", a.dt_bias, {DType::kF32});
+  check_shape("dt_bias", a.dt_bias, {H, K}, "[H, K]");
+  check_data("dt_bias", a.dt_bias, 4);
+
+  check_dtype("out", a.out, {DType::kBF16});
+  check_shape("out", a.out, {B, T, H, V}, "[B, T, H, V]");
+  check_data("out", a.out, kActivationAlignment);
+
+  int64_t N = B;
+  if (a.cu_seqlens.given()) {
+    check_dtype("cu_seqlens", a.cu_seqlens, {DType::kI64, DType::kI32});
+    check_ndim("cu_seqlens", a.cu_seqlens, 1, "[N + 1]");
+    if (a.cu_seqlens.shape[0] < 2)
+      fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected at least 2 entries [N + 1] for N >= 1 sequences, got ",
+           a.cu_seqlens.shape[0]);
+    if (B != 1)
+      fail(ErrorCode::kInvalidArgument, "cu_seqlens: packed sequences need batch size B = 1 in q [B, T, H, K], got B = ", B);
+    check_data("cu_seqlens", a.cu_seqlens, dtype_size(a.cu_seqlens.dtype));
+    N = a.cu_seqlens.shape[0] - 1;
+  }
+
+  if (a.initial_state.given()) check_state("initial_state", a.initial_state, N, H, V, K);
+  if (a.final_state.given()) {
+    check_state("final_state", a.final_state, N, H, V, K);
+    if (a.initial_state.given() && a.final_state.dtype != a.initial_state.dtype)
+      fail(ErrorCode::kInvalidArgument, "final_state: dtype ", dtype_name(a.final_state.dtype),
+           " differs from initial_state's ", dtype_name(a.initial_state.dtype),
+           "; give both states the same dtype");
+  }
+
+  if (a.gate != Gate::kSafe && a.gate != Gate::kSoftplus)
+    fail(ErrorCode::kInvalidArgument, "gate: expected safe (0) or softplus (1), got ", static_cast<int>(a.gate));
+  if (a.gate == Gate::kSafe && !(a.lower_bound >= -5.0f && a.lower_bound < 0.0f))
+    fail(ErrorCode::kInvalidArgument, "lower_bound: expected a value in [-5, 0) for the safe gate, got ", a.lower_bound);
+  if (!std::isfinite(a.scale))
+    fail(ErrorCode::kInvalidArgument, "scale: expected a finite number, got ", a.scale);
+  if (a.seqlen_check != SeqlenCheck::kHost && a.seqlen_check != SeqlenCheck::kDeviceGuardsOnly)
+    fail(ErrorCode::kInvalidArgument, "seqlen_check: expected kHost (0) or kDeviceGuardsOnly (1), got ",
+         static_cast<int>(a.seqlen_check));
+
+  Problem p;
+  p.B = B, p.T = T, p.H = H, p.K = K, p.V = V, p.N = N;
+  p.total_tokens = B * T;
+  p.q = static_cast<const uint16_t*>(a.q.data);
+  p.k = static_cast<const uint16_t*>(a.k.data);
+  p.v = static_cast<const uint16_t*>(a.v.data);
+  p.g = static_cast<const uint16_t*>(a.g.data);
+  p.beta = static_cast<const uint16_t*>(a.beta.data);
+  p.A_log = static_cast<const float*>(a.A_log.data);
+  p.dt_bias = static_cast<const float*>(a.dt_bias.data);
+  p.initial_state = a.initial_state.data;
+  p.initial_state_dtype = a.initial_state.dtype;
+  p.final_state = a.final_state.data;
+  p.final_state_dtype = a.final_state.dtype;
+  p.cu_seqlens = a.cu_seqlens.data;
+  p.cu_seqlens_dtype = a.cu_seqlens.dtype;
+  p.out = static_cast<uint16_t*>(a.out.data);
+  p.lower_bound = a.lower_bound;
+  p.scale = a.scale;
+  p.gate = a.gate;
+  return p;
+}
+
+void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t total_tokens) {
+  if (offsets.front() != 0)
+    fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected cu_seqlens[0] = 0, got ", offsets.front());
+  for (size_t i = 1; i < offsets.size(); ++i)
+    if (offsets[i] < offsets[i - 1])
+      fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected non-decreasing values, got cu_seqlens[", i - 1,
+           "] = ", offsets[i - 1], " > cu_seqlens[", i, "] = ", offsets[i]);
+  if (offsets.back() != total_tokens)
+    fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected the last entry cu_seqlens[", offsets.size() - 1,
+         "] to equal the number of tokens T = ", total_tokens, ", got ", offsets.back());
+}
+
+}  // namespace flashkda

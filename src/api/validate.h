@@ -1,0 +1,32 @@
+// Argument validation for forward(): every message names the argument, the expectation and the
+// value given.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/problem.h"
+
+namespace flashkda {
+
+// Throws Error(code, message) with the pieces streamed together.
+template <typename... Parts>
+[[noreturn]] void fail(ErrorCode code, const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw Error(code, os.str());
+}
+
+std::string shape_string(const Tensor& t);
+
+// Checks dtypes, shapes, alignment and scalars, and returns the typed problem. Does not look at
+// where the pointers live, nor at the values inside cu_seqlens.
+Problem validate_forward(const ForwardArgs& args);
+
+// Checks host-readable token offsets (N + 1 entries, from cu_seqlens): start at 0,
+// non-decreasing, end at total_tokens.
+void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t total_tokens);
+
+}  // namespace flashkda

@@ -1,0 +1,41 @@
+// Launch parameters of the prefill kernels (shared by the kernels and the host launch code).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/prefill/sequences.cuh"
+
+namespace flashkda::gpu {
+
+struct PrepParams {
+  const uint16_t* q;     // [total, H, 128] bf16
+  const uint16_t* k;     // [total, H, 128]
+  const uint16_t* v;     // [total, H, 128]
+  const uint16_t* g;     // [total, H, 128]
+  const uint16_t* beta;  // [total, H]
+  const float* A_log;    // [H]
+  const float* dt_bias;  // [H, 128]
+  float lower_bound;
+  float scale;
+  int num_heads;
+  SequenceTable seqs;
+  uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+};
+
+struct StateParams {
+  const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+  int num_heads;
+  SequenceTable seqs;
+  const void* initial_state;   // [N, H, 128, 128] or nullptr
+  bool initial_state_f32;
+  void* final_state;           // [N, H, 128, 128] or nullptr
+  bool final_state_f32;
+  uint16_t* out;               // [total, H, 128] bf16
+};
+
+// Prep: grid (slots, H), 128 threads. State pass: see state_kernel.cu.
+void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
+// warps_per_block in {1, 2, 4, 8}: each warp owns 16 of the 128 value columns of one head.
+void launch_state(const StateParams& p, int warps_per_block, cudaStream_t stream);
+
+}  // namespace flashkda::gpu

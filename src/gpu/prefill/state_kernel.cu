@@ -1,0 +1,260 @@
+// State-pass kernel: the sequential part of the chunked recurrence.
+//
+// Each warp owns 16 value columns of one (sequence, head) and keeps that slice of the state,
+// transposed (S^T [16 v][128 k], the storage layout), in fp32 registers as mma C fragments for
+// the whole sequence. Value columns never mix, so warps need no communication: a block holds
+// 1-8 warps of one head that share the chunk records streamed into shared memory by the copy
+// engine (STAGES deep). Per chunk, with the record of chunk_record.cuh:
+//   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
+// C fragments of S^T, X^T and U^T are directly the A fragments of the next product. S, U, WV and
+// Kr enter the bf16 tensor cores as hi + lo pairs, which keeps the fp32 state accurate over long
+// sequences (the bf16-only variant misses the 5e-3 bar on large states with little decay).
+#include <cuda_runtime.h>
+
+#include "api/validate.h"
+#include "gpu/prefill/chunk_record.cuh"
+#include "gpu/prefill/kernels.h"
+#include "gpu/ptx/bulk_copy.cuh"
+#include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/ldmatrix.cuh"
+#include "gpu/ptx/mma.cuh"
+
+namespace flashkda::gpu {
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
+
+using ptx::mma_bf16_16816;
+
+// Loads this lane's part of the state slice rows [vbase, vbase + 16) as C fragments.
+__device__ __forceinline__ void load_state(float (&acc)[kNTiles][4], const void* state, bool f32, int64_t row0,
+                                           int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + nt * 8 + 2 * t4;
+      float2 x = make_float2(0.0f, 0.0f);
+      if (state) {
+        if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
+        else x = ptx::unpack_bf16x2(__ldg(reinterpret_cast<const unsigned*>(static_cast<const uint16_t*>(state) + idx)));
+      }
+      acc[nt][2 * r] = x.x;
+      acc[nt][2 * r + 1] = x.y;
+    }
+}
+
+__device__ __forceinline__ void store_state(const float (&acc)[kNTiles][4], void* state, bool f32, int64_t row0,
+                                            int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + nt * 8 + 2 * t4;
+      if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+      else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+    }
+}
+
+// C fragments of two n-tiles (16 columns) -> one A fragment (k = those 16 columns), hi and lo.
+__device__ __forceinline__ void split_a_fragment(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
+                                                 uint32_t (&lo)[4]) {
+  ptx::split_bf16x2(c0[0], c0[1], hi[0], lo[0]);
+  ptx::split_bf16x2(c0[2], c0[3], hi[1], lo[1]);
+  ptx::split_bf16x2(c1[0], c1[1], hi[2], lo[2]);
+  ptx::split_bf16x2(c1[2], c1[3], hi[3], lo[3]);
+}
+
+// One chunk step for this warp. `rec` is the chunk record in shared memory.
+__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8_t* rec, int vbase, int lane,
+                                           uint16_t* out_chunk, int count, int64_t out_row_stride) {
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint32_t rec_addr = ptx::smem_addr(rec);
+  // ldmatrix lane roles. Non-transposed tiles (Wk, Qe, M): matrix lane/8 = (n-tile, k-half).
+  const int nt_row = (lane >> 4) * 8 + (lane & 7);
+  const int k_half = (lane >> 3) & 1;
+  // Transposed tiles (Kr): matrix lane/8 = (token half, n-tile of the pair).
+  const int kr_row = ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int kr_tile = lane >> 4;
+
+  // X^T = S^T Wk^T (two accumulators per n-tile to halve the dependent chain) and P = S^T Qe^T.
+  float X[2][2][4] = {};
+  float P[2][4] = {};
+#pragma unroll
+  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+    uint32_t ah[4], al[4];
+    split_a_fragment(acc[2 * kt], acc[2 * kt + 1], ah, al);
+    uint32_t bw[4], bq[4];
+    const uint32_t off = tile_block_offset(nt_row, 2 * kt + k_half);
+    ptx::ldmatrix_x4(bw, rec_addr + ChunkRecord::kWk + off);
+    ptx::ldmatrix_x4(bq, rec_addr + ChunkRecord::kQe + off);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t bwn[2] = {bw[2 * nt], bw[2 * nt + 1]};
+      const uint32_t bqn[2] = {bq[2 * nt], bq[2 * nt + 1]};
+      mma_bf16_16816(X[nt][kt & 1], ah, bwn);
+      mma_bf16_16816(X[nt][kt & 1], al, bwn);
+      mma_bf16_16816(P[nt], ah, bqn);
+      mma_bf16_16816(P[nt], al, bqn);
+    }
+  }
+
+  // WV^T as C fragments (fp32 [v][16 tokens] in the record).
+  float wv[2][4];
+  const float* rec_wv = reinterpret_cast<const float*>(rec + ChunkRecord::kWV);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 x = *reinterpret_cast<const float2*>(rec_wv + (vbase + g + 8 * r) * kChunk + nt * 8 + 2 * t4);
+      wv[nt][2 * r] = x.x;
+      wv[nt][2 * r + 1] = x.y;
+    }
+
+  // U^T = WV^T - X^T, as the A fragment (k = tokens) of the state update.
+  float U[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) U[nt][i] = wv[nt][i] - (X[nt][0][i] + X[nt][1][i]);
+  uint32_t uh[4], ul[4];
+  split_a_fragment(U[0], U[1], uh, ul);
+
+  // O^T += WV^T M^T (the intra-chunk part).
+  {
+    uint32_t wh[4], wl[4], bm[4];
+    split_a_fragment(wv[0], wv[1], wh, wl);
+    ptx::ldmatrix_x4(bm, rec_addr + ChunkRecord::kM + nt_row * 32 + k_half * 16);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t bmn[2] = {bm[2 * nt], bm[2 * nt + 1]};
+      mma_bf16_16816(P[nt], wh, bmn);
+      mma_bf16_16816(P[nt], wl, bmn);
+    }
+  }
+
+  // S^T = S^T Diag(exp(G_C)) + U^T Kr.
+  const float* rec_decay = reinterpret_cast<const float*>(rec + ChunkRecord::kDecay);
+#pragma unroll
+  for (int pair = 0; pair < kNTiles / 2; ++pair) {
+    uint32_t bh[4], bl[4];
+    const uint32_t off = tile_block_offset(kr_row, 2 * pair + kr_tile);
+    ptx::ldmatrix_x4_trans(bh, rec_addr + ChunkRecord::kKrHi + off);
+    ptx::ldmatrix_x4_trans(bl, rec_addr + ChunkRecord::kKrLo + off);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int nt = 2 * pair + half;
+      const float2 d = *reinterpret_cast<const float2*>(rec_decay + nt * 8 + 2 * t4);
+      acc[nt][0] *= d.x;
+      acc[nt][1] *= d.y;
+      acc[nt][2] *= d.x;
+      acc[nt][3] *= d.y;
+      const uint32_t bhn[2] = {bh[2 * half], bh[2 * half + 1]};
+      const uint32_t bln[2] = {bl[2 * half], bl[2 * half + 1]};
+      mma_bf16_16816(acc[nt], uh, bhn);
+      mma_bf16_16816(acc[nt], ul, bhn);
+      mma_bf16_16816(acc[nt], uh, bln);
+    }
+  }
+
+  // Output: O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair).
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t o = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
+      const int token = nt * 8 + g;
+      if (token < count)
+        *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = o;
+    }
+}
+
+template <int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams p) {
+  constexpr int kGroups = 8 / WARPS;  // blocks per head
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = p.num_heads;
+  const int64_t head_block = blockIdx.x / kGroups;
+  const int h = static_cast<int>(head_block % H);
+  const int64_t n = head_block / H;
+  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * WARPS + warp) * 16;
+
+  int64_t bos, eos;
+  p.seqs.bounds(n, bos, eos);
+  const int64_t num_chunks = (eos - bos + kChunk - 1) / kChunk;
+  const int64_t slot0 = p.seqs.first_slot(n, bos);
+  const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
+  const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
+
+  extern __shared__ __align__(128) uint8_t smem[];  // kStages chunk records
+  __shared__ uint64_t full[kStages], empty[kStages];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], WARPS);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kStages && s < num_chunks; ++s) {
+      ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
+      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + s * record_stride, ChunkRecord::kBytes, &full[s]);
+    }
+
+  const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
+  float acc[kNTiles][4];
+  load_state(acc, p.initial_state, p.initial_state_f32, state_row0, lane);
+
+  const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int s = static_cast<int>(c % kStages);
+    const uint32_t parity = static_cast<uint32_t>((c / kStages) & 1);
+    ptx::mbarrier_wait_parity(&full[s], parity);
+    const int64_t t0 = bos + c * kChunk;
+    const int count = static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
+    chunk_step(acc, smem + s * ChunkRecord::kBytes, vbase, lane, p.out + t0 * out_row_stride + h * kHeadDim, count,
+               out_row_stride);
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    if (threadIdx.x == 0 && c + kStages < num_chunks) {
+      ptx::mbarrier_wait_parity(&empty[s], parity);  // every warp is done with this stage
+      ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
+      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + (c + kStages) * record_stride,
+                         ChunkRecord::kBytes, &full[s]);
+    }
+  }
+
+  if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, state_row0, lane);
+}
+
+template <int WARPS>
+void launch_state_warps(const StateParams& p, cudaStream_t stream) {
+  constexpr int kSmem = kStages * ChunkRecord::kBytes;
+  // Set on every launch (cheap) so that every device the caller uses gets it.
+  const cudaError_t attr_err =
+      cudaFuncSetAttribute(state_kernel<WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr_err != cudaSuccess)
+    fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
+  const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / WARPS);
+  state_kernel<WARPS><<<static_cast<unsigned>(blocks), WARPS * 32, kSmem, stream>>>(p);
+}
+
+}  // namespace
+
+void launch_state(const StateParams& p, int warps_per_block, cudaStream_t stream) {
+  switch (warps_per_block) {
+    case 1: launch_state_warps<1>(p, stream); break;
+    case 2: launch_state_warps<2>(p, stream); break;
+    case 4: launch_state_warps<4>(p, stream); break;
+    case 8: launch_state_warps<8>(p, stream); break;
+    default: fail(ErrorCode::kInternal, "state kernel: unsupported warps per block ", warps_per_block);
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace flashkda::gpu

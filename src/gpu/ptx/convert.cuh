@@ -1,0 +1,28 @@
+// fp32 -> bf16 pair packing, and the hi/lo split that keeps ~16 mantissa bits through bf16 mma.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace flashkda::ptx {
+
+// Packs (lo, hi) into one register: `lo` in the low 16 bits, round to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
+  return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+}
+
+// x ~= hi + lo with hi = bf16(x), lo = bf16(x - hi): products with both parts carry ~16 bits.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16x2(x0, x1);
+  const float2 h = unpack_bf16x2(hi);
+  lo = pack_bf16x2(x0 - h.x, x1 - h.y);
+}
+
+}  // namespace flashkda::ptx
