@@ -1,0 +1,59 @@
+// Command-line flag parsing for the flashkda tool: a table of flags per command, from which
+// both the parser and the --help text are built, so every flag is documented.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flashkda::cli {
+
+// A bad command line: the message says what was wrong; the tool exits with code 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class FlagParser {
+ public:
+  FlagParser(std::string command, std::string usage, std::string summary);
+
+  // A flag taking a value (--name VALUE or --name=VALUE).
+  void add(const std::string& name, const std::string& metavar, const std::string& help,
+           std::function<void(const std::string&)> apply);
+  // A switch without value.
+  void add_switch(const std::string& name, const std::string& help, std::function<void()> apply);
+  // Free text appended to the help (exit codes, examples).
+  void set_epilog(std::string epilog) { epilog_ = std::move(epilog); }
+
+  // Parses argv[first..argc). Returns false when --help was given (help already printed to
+  // stdout). Throws UsageError on an unknown flag, a missing value, or a value rejected by a
+  // flag's apply function.
+  bool parse(int argc, char** argv, int first);
+  std::string help() const;
+  const std::string& command() const { return command_; }
+
+ private:
+  struct Flag {
+    std::string name, metavar, help;
+    std::function<void(const std::string&)> apply;
+  };
+  const Flag* find(const std::string& name) const;
+
+  std::string command_, usage_, summary_, epilog_;
+  std::vector<Flag> flags_;
+};
+
+// Value parsers: throw UsageError naming the flag, the expectation and the value.
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_value, int64_t max_value);
+uint64_t parse_uint64(const std::string& flag, const std::string& text);
+double parse_double(const std::string& flag, const std::string& text);  // any double, nan/inf included
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min_value,
+                                    int64_t max_value);
+std::vector<std::string> split(const std::string& text, char sep);
+// Returns the index of `text` in `choices`, else throws UsageError listing them.
+int parse_choice(const std::string& flag, const std::string& text, const std::vector<std::string>& choices);
+
+}  // namespace flashkda::cli

@@ -1,0 +1,34 @@
+// The accuracy check of the tool: a slice of heads (of every sequence) run through the fp64
+// oracle and compared with a backend's output, rel = ||x - ref|| / ||ref|| (KDA.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "workload.h"
+
+namespace flashkda::cli {
+
+constexpr double kErrorBar = 5e-3;  // KDA.md: rel <= 5e-3 on out and on final_state
+
+struct OracleCheck {
+  std::vector<int64_t> heads;     // the heads checked (empty: check skipped)
+  double out_rel = 0.0;           // NaN when the output holds NaN/Inf
+  double final_state_rel = 0.0;   // meaningful when has_final_state
+  bool has_final_state = false;
+  double seconds = 0.0;           // oracle time
+  bool pass() const;              // both errors <= kErrorBar (NaN never passes)
+};
+
+// `count` heads spread over [0, H): 0, H-1, then evenly between.
+std::vector<int64_t> pick_heads(int64_t H, int64_t count);
+
+// out: the backend's [B*T, H, V] bf16 output on the host; final_state: its [N, H, V, K] state
+// (dtype of the workload's state) on the host, or nullptr. Runs the oracle on `heads`.
+OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, const void* final_state,
+                                 const std::vector<int64_t>& heads);
+
+// Elements still holding the 0xFF poison pattern (NaN) written before the timed runs.
+int64_t count_poisoned(const void* data, size_t bytes, DType dtype);
+
+}  // namespace flashkda::cli

@@ -1,0 +1,231 @@
+#include "workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "common/bf16.h"
+
+namespace flashkda::cli {
+namespace {
+
+// A counter-based generator: value i of stream `key` is a hash of (key, i), so the inputs do not
+// depend on how the work is split across threads.
+inline uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline double uniform_open01(uint64_t key, uint64_t i) {  // in (0, 1)
+  return (static_cast<double>(mix64(key ^ mix64(i)) >> 11) + 0.5) * 0x1p-53;
+}
+
+uint64_t stream_key(uint64_t seed, uint64_t tensor_id) { return mix64(mix64(seed) + 0x632be59bd9b4e019ull * (tensor_id + 1)); }
+
+// Standard normals by Box-Muller, two per pair of uniforms; store(i, z) writes element i.
+template <typename Store>
+void fill_normal(int64_t n, uint64_t key, Store store) {
+  const int64_t pairs = (n + 1) / 2;
+  parallel_for(pairs, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const double r = std::sqrt(-2.0 * std::log(uniform_open01(key, 2 * p)));
+      const double t = 6.283185307179586 * uniform_open01(key, 2 * p + 1);
+      store(2 * p, r * std::cos(t));
+      if (2 * p + 1 < n) store(2 * p + 1, r * std::sin(t));
+    }
+  });
+}
+
+void fill_normal_bf16(HostVector<uint16_t>& x, uint64_t key) {
+  uint16_t* data = x.data();
+  fill_normal(static_cast<int64_t>(x.size()), key,
+              [data](int64_t i, double z) { data[i] = float_to_bf16(static_cast<float>(z)); });
+}
+
+void fill_uniform_f32(HostVector<float>& x, uint64_t key) {
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(uniform_open01(key, i));
+}
+
+enum TensorId : uint64_t { kQ, kK, kV, kG, kBeta, kALog, kDtBias, kState };
+
+}  // namespace
+
+const char* state_kind_name(StateKind s) {
+  switch (s) {
+    case StateKind::kNone: return "none";
+    case StateKind::kBF16: return "bf16";
+    case StateKind::kF32: return "f32";
+  }
+  return "?";
+}
+
+Shape shape_of(const WorkloadSpec& spec) {
+  Shape s;
+  s.H = spec.heads;
+  s.N = static_cast<int64_t>(spec.seq_lens.size());
+  if (spec.batch_form) {
+    s.B = s.N;
+    s.T = s.N ? spec.seq_lens[0] : 0;
+    s.packed = false;
+  } else {
+    s.B = 1;
+    s.T = 0;
+    for (int64_t L : spec.seq_lens) s.T += L;
+    s.packed = true;
+  }
+  s.total_tokens = s.B * s.T;
+  s.state_dtype = spec.state == StateKind::kF32 ? DType::kF32 : DType::kBF16;
+  return s;
+}
+
+TensorBytes tensor_bytes(const WorkloadSpec& spec) {
+  const Shape s = shape_of(spec);
+  const size_t rows = static_cast<size_t>(s.total_tokens) * s.H;
+  const size_t state = static_cast<size_t>(s.N) * s.H * s.V * s.K * dtype_size(s.state_dtype);
+  TensorBytes b;
+  b.q = b.k = b.g = rows * s.K * 2;
+  b.v = b.out = rows * s.V * 2;
+  b.beta = rows * 2;
+  b.A_log = s.H * 4;
+  b.dt_bias = s.H * s.K * 4;
+  b.initial_state = spec.state == StateKind::kNone ? 0 : state;
+  b.final_state = spec.final_state ? state : 0;
+  b.cu_seqlens = s.packed ? (s.N + 1) * dtype_size(spec.cu_seqlens_dtype) : 0;
+  return b;
+}
+
+double floor_bytes(const WorkloadSpec& spec) {
+  const TensorBytes b = tensor_bytes(spec);
+  return static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.initial_state + b.out + b.final_state);
+}
+
+HostInputs make_host_inputs(const WorkloadSpec& spec) {
+  HostInputs in;
+  in.spec = spec;
+  in.shape = shape_of(spec);
+  const Shape& s = in.shape;
+  const size_t rows = static_cast<size_t>(s.total_tokens) * s.H;
+  in.q.resize(rows * s.K);
+  in.k.resize(rows * s.K);
+  in.g.resize(rows * s.K);
+  in.v.resize(rows * s.V);
+  in.beta.resize(rows);
+  in.A_log.resize(s.H);
+  in.dt_bias.resize(s.H * s.K);
+  fill_normal_bf16(in.q, stream_key(spec.seed, kQ));
+  fill_normal_bf16(in.k, stream_key(spec.seed, kK));
+  fill_normal_bf16(in.v, stream_key(spec.seed, kV));
+  fill_normal_bf16(in.g, stream_key(spec.seed, kG));
+  fill_normal_bf16(in.beta, stream_key(spec.seed, kBeta));
+  fill_uniform_f32(in.A_log, stream_key(spec.seed, kALog));
+  fill_uniform_f32(in.dt_bias, stream_key(spec.seed, kDtBias));
+
+  if (spec.state != StateKind::kNone) {
+    const int64_t n = s.N * s.H * s.V * s.K;
+    in.initial_state.resize(n * dtype_size(s.state_dtype));
+    const uint64_t key = stream_key(spec.seed, kState);
+    if (s.state_dtype == DType::kF32) {
+      auto* data = reinterpret_cast<float*>(in.initial_state.data());
+      fill_normal(n, key, [data](int64_t i, double z) { data[i] = static_cast<float>(z); });
+    } else {
+      auto* data = reinterpret_cast<uint16_t*>(in.initial_state.data());
+      fill_normal(n, key, [data](int64_t i, double z) { data[i] = float_to_bf16(static_cast<float>(z)); });
+    }
+  }
+
+  if (s.packed) {
+    in.cu_seqlens.resize((s.N + 1) * dtype_size(spec.cu_seqlens_dtype));
+    int64_t offset = 0;
+    for (int64_t n = 0; n <= s.N; ++n) {
+      if (spec.cu_seqlens_dtype == DType::kI32) {
+        const int32_t v = static_cast<int32_t>(offset);
+        std::memcpy(in.cu_seqlens.data() + n * 4, &v, 4);
+      } else {
+        std::memcpy(in.cu_seqlens.data() + n * 8, &offset, 8);
+      }
+      if (n < s.N) offset += spec.seq_lens[n];
+    }
+  }
+  return in;
+}
+
+TensorPointers host_input_pointers(const HostInputs& in) {
+  TensorPointers p;
+  p.q = in.q.data();
+  p.k = in.k.data();
+  p.v = in.v.data();
+  p.g = in.g.data();
+  p.beta = in.beta.data();
+  p.A_log = in.A_log.data();
+  p.dt_bias = in.dt_bias.data();
+  p.initial_state = in.initial_state.empty() ? nullptr : in.initial_state.data();
+  p.cu_seqlens = in.cu_seqlens.empty() ? nullptr : in.cu_seqlens.data();
+  return p;
+}
+
+ForwardArgs make_forward_args(const WorkloadSpec& spec, const TensorPointers& p) {
+  const Shape s = shape_of(spec);
+  ForwardArgs a;
+  a.q = make_tensor(p.q, DType::kBF16, s.B, s.T, s.H, s.K);
+  a.k = make_tensor(p.k, DType::kBF16, s.B, s.T, s.H, s.K);
+  a.v = make_tensor(p.v, DType::kBF16, s.B, s.T, s.H, s.V);
+  a.g = make_tensor(p.g, DType::kBF16, s.B, s.T, s.H, s.K);
+  a.beta = make_tensor(p.beta, DType::kBF16, s.B, s.T, s.H);
+  a.A_log = make_tensor(p.A_log, DType::kF32, s.H);
+  a.dt_bias = make_tensor(p.dt_bias, DType::kF32, s.H, s.K);
+  if (spec.state != StateKind::kNone && p.initial_state)
+    a.initial_state = make_tensor(p.initial_state, s.state_dtype, s.N, s.H, s.V, s.K);
+  if (s.packed) a.cu_seqlens = make_tensor(p.cu_seqlens, spec.cu_seqlens_dtype, s.N + 1);
+  a.out = make_tensor(p.out, DType::kBF16, s.B, s.T, s.H, s.V);
+  if (spec.final_state && p.final_state) a.final_state = make_tensor(p.final_state, s.state_dtype, s.N, s.H, s.V, s.K);
+  a.lower_bound = spec.lower_bound;
+  a.scale = spec.scale;
+  a.gate = spec.gate;
+  return a;
+}
+
+std::string join(const std::vector<int64_t>& values, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? sep : "") + std::to_string(values[i]);
+  return s;
+}
+
+std::string describe_sequences(const std::vector<int64_t>& seq_lens) {
+  int64_t total = 0;
+  for (int64_t L : seq_lens) total += L;
+  const size_t n = seq_lens.size();
+  std::string list;
+  const bool all_equal = n > 1 && std::all_of(seq_lens.begin(), seq_lens.end(), [&](int64_t L) { return L == seq_lens[0]; });
+  if (all_equal)
+    return std::to_string(n) + " sequences of " + std::to_string(seq_lens[0]) + " tokens (" + std::to_string(total) +
+           " tokens)";
+  else if (n <= 12)
+    list = std::string("[") + join(seq_lens) + "]";
+  else
+    list = std::string("[") + std::to_string(seq_lens[0]) + ", " + std::to_string(seq_lens[1]) + ", ..., " +
+           std::to_string(seq_lens[n - 1]) + "]";
+  return std::to_string(n) + (n == 1 ? " sequence " : " sequences ") + list + " (" + std::to_string(total) +
+         " tokens)";
+}
+
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMinPerThread = 1 << 14;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = std::clamp<int64_t>(n / kMinPerThread, 1, hw);
+  if (threads == 1) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t per = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t begin = t * per, end = std::min(n, begin + per);
+    if (begin < end) pool.emplace_back(fn, begin, end);
+  }
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace flashkda::cli

@@ -1,0 +1,101 @@
+// Workloads for the flashkda tool: the shape of a problem, its random host inputs (KDA.md's
+// test distributions), and the ForwardArgs that point at a copy of them (host or device).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "flashkda/flashkda.h"
+
+namespace flashkda::cli {
+
+constexpr int64_t kHeadDim = 128;  // K = V = 128: the size the kernels implement
+
+// Host buffers aligned to 64 bytes (the API wants 16-byte aligned activations and states).
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+};
+template <typename T>
+using HostVector = std::vector<T, AlignedAllocator<T>>;
+
+enum class StateKind { kNone, kBF16, kF32 };
+const char* state_kind_name(StateKind s);
+
+struct WorkloadSpec {
+  std::vector<int64_t> seq_lens;  // one entry per sequence
+  bool batch_form = false;        // equal lengths laid out as [B, T] rows, without cu_seqlens
+  int64_t heads = 8;
+  Gate gate = Gate::kSafe;
+  float lower_bound = -5.0f;
+  float scale = 0.08838834764831845f;  // 128^-0.5
+  StateKind state = StateKind::kBF16;  // initial state dtype; kNone: no initial state
+  bool final_state = true;             // final state written (dtype: the initial state's, bf16 without one)
+  DType cu_seqlens_dtype = DType::kI64;
+  uint64_t seed = 0;
+};
+
+// The tensor dimensions a spec gives.
+struct Shape {
+  int64_t B = 0, T = 0, N = 0, H = 0, K = kHeadDim, V = kHeadDim;
+  int64_t total_tokens = 0;  // B * T
+  bool packed = false;       // cu_seqlens given
+  DType state_dtype = DType::kBF16;  // of the final state (and the initial one when given)
+};
+Shape shape_of(const WorkloadSpec& spec);
+
+// Bytes of each tensor of a shape.
+struct TensorBytes {
+  size_t q = 0, k = 0, v = 0, g = 0, beta = 0, A_log = 0, dt_bias = 0, initial_state = 0, cu_seqlens = 0;
+  size_t out = 0, final_state = 0;
+  size_t inputs() const { return q + k + v + g + beta + A_log + dt_bias + initial_state + cu_seqlens; }
+  size_t outputs() const { return out + final_state; }
+};
+TensorBytes tensor_bytes(const WorkloadSpec& spec);
+
+// The bytes a forward must move at least (PERFORMANCE.md's floor formula): read q, k, v, g,
+// beta and the initial state once, write out and the final state once. With bf16 states in and
+// out this is T*H*128*2*5 + T*H*2 + N*H*128*128*2*2.
+double floor_bytes(const WorkloadSpec& spec);
+
+// Random host inputs: q, k, v, g ~ N(0,1), beta logit ~ N(0,1), A_log ~ U(0,1),
+// dt_bias ~ U(0,1), initial state ~ N(0,1). Deterministic in spec.seed, whatever the thread count.
+struct HostInputs {
+  WorkloadSpec spec;
+  Shape shape;
+  HostVector<uint16_t> q, k, v, g, beta;  // bf16 bits
+  HostVector<float> A_log, dt_bias;
+  HostVector<unsigned char> initial_state;  // bf16 or f32, empty without one
+  HostVector<unsigned char> cu_seqlens;     // int64 or int32, empty without it
+};
+HostInputs make_host_inputs(const WorkloadSpec& spec);
+
+// Where each tensor of one forward call lives (host or device).
+struct TensorPointers {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+  const void *A_log = nullptr, *dt_bias = nullptr, *initial_state = nullptr, *cu_seqlens = nullptr;
+  void* out = nullptr;
+  void* final_state = nullptr;
+};
+TensorPointers host_input_pointers(const HostInputs& in);
+ForwardArgs make_forward_args(const WorkloadSpec& spec, const TensorPointers& p);
+
+// "3 sequences [300, 157, 512] (969 tokens)" and the like.
+std::string describe_sequences(const std::vector<int64_t>& seq_lens);
+std::string join(const std::vector<int64_t>& values, const char* sep = ", ");
+
+// Runs fn(begin, end) over [0, n) split across the machine's hardware threads.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace flashkda::cli
