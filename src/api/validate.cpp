@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 namespace flashkda {
 namespace {
@@ -22,18 +23,28 @@ std::string dims_string(std::initializer_list<int64_t> dims) {
   return s + "]";
 }
 
+// A required tensor left as a default Tensor (no data, no dimensions) is "missing", not "wrong dtype".
+void check_given(const char* name, const Tensor& t) {
+  if (!t.data && t.ndim == 0) fail(ErrorCode::kInvalidArgument, name, ": required tensor is missing");
+}
+
+std::string dtype_string(DType t) {
+  const std::string name = dtype_name(t);
+  return name == "unknown dtype" ? "unknown dtype code " + std::to_string(static_cast<int>(t)) : name;
+}
+
 void check_dtype(const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
   for (DType d : allowed)
     if (t.dtype == d) return;
   std::string expected;
   for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
-  fail(ErrorCode::kInvalidArgument, name, ": expected dtype ", expected, ", got ", dtype_name(t.dtype));
+  fail(ErrorCode::kInvalidArgument, name, ": expected dtype ", expected, ", got ", dtype_string(t.dtype));
 }
 
 void check_ndim(const char* name, const Tensor& t, int ndim, const char* layout) {
   if (t.ndim != ndim)
-    fail(ErrorCode::kInvalidArgument, name, ": expected ", ndim, " dimensions ", layout, ", got ",
-         t.ndim, " dimensions with shape ", shape_string(t));
+    fail(ErrorCode::kInvalidArgument, name, ": expected ", ndim, ndim == 1 ? " dimension " : " dimensions ", layout,
+         ", got ", t.ndim, t.ndim == 1 ? " dimension" : " dimensions", " with shape ", shape_string(t));
   for (int i = 0; i < ndim; ++i)
     if (t.shape[i] < 0)
       fail(ErrorCode::kInvalidArgument, name, ": dimension ", i, " is negative in shape ", shape_string(t));
@@ -74,7 +85,10 @@ std::string shape_string(const Tensor& t) {
 }
 
 Problem validate_forward(const ForwardArgs& a) {
-  if (!a.q.given() && a.q.ndim == 0) fail(ErrorCode::kInvalidArgument, "q: required tensor is missing");
+  const std::pair<const char*, const Tensor*> required[] = {{"q", &a.q},       {"k", &a.k},         {"v", &a.v},
+                                                            {"g", &a.g},       {"beta", &a.beta},   {"A_log", &a.A_log},
+                                                            {"dt_bias", &a.dt_bias}, {"out", &a.out}};
+  for (const auto& [name, t] : required) check_given(name, *t);
   check_dtype("q", a.q, {DType::kBF16});
   check_ndim("q", a.q, 4, "[B, T, H, K]");
   const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
@@ -143,8 +157,8 @@ Problem validate_forward(const ForwardArgs& a) {
     fail(ErrorCode::kInvalidArgument, "gate: expected safe (0) or softplus (1), got ", static_cast<int>(a.gate));
   if (a.gate == Gate::kSafe && !(a.lower_bound >= -5.0f && a.lower_bound < 0.0f))
     fail(ErrorCode::kInvalidArgument, "lower_bound: expected a value in [-5, 0) for the safe gate, got ", a.lower_bound);
-  if (!std::isfinite(a.scale))
-    fail(ErrorCode::kInvalidArgument, "scale: expected a finite number, got ", a.scale);
+  if (!std::isfinite(a.scale) || !(a.scale > 0.0f))
+    fail(ErrorCode::kInvalidArgument, "scale: expected a finite number > 0 (usually K^-0.5), got ", a.scale);
   if (a.seqlen_check != SeqlenCheck::kHost && a.seqlen_check != SeqlenCheck::kDeviceGuardsOnly)
     fail(ErrorCode::kInvalidArgument, "seqlen_check: expected kHost (0) or kDeviceGuardsOnly (1), got ",
          static_cast<int>(a.seqlen_check));
