@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -162,6 +163,25 @@ TEST_F(GpuPrefill, LargeInitialState) {
       expect_matches_oracle(s);
     }
 }
+
+// Every state-pass layout (the launcher picks one by problem size; the variable forces it).
+class GpuPrefillLayout : public GpuPrefill, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void TearDown() override { unsetenv("FLASHKDA_STATE_CONFIG"); }
+};
+
+TEST_P(GpuPrefillLayout, MatchesOracle) {
+  setenv("FLASHKDA_STATE_CONFIG", GetParam(), 1);
+  expect_matches_oracle(packed({300, 0, 17, 1, 64}, 3, 26));
+  ProblemSpec large = packed({700}, 2, 27);
+  large.init = InitState::kLarge;
+  large.init_dtype = large.final_dtype = DType::kF32;
+  large.g_input = GateInput::kConstant;
+  large.g_const = -8.0f;
+  expect_matches_oracle(large);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4"));
 
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }

@@ -2,6 +2,9 @@
 // allocation and no host synchronisation happen here.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "api/validate.h"
 #include "gpu/gpu_backend.h"
 #include "gpu/prefill/kernels.h"
@@ -27,13 +30,28 @@ int multiprocessor_count() {
   return sms;
 }
 
-// Warps per state-pass block. Fewer warps per block means more blocks (more SMs working on the
-// sequential chain) at the price of reading each chunk record once per block: take the largest
-// block that still gives every multiprocessor at least one block.
-int choose_state_warps(int64_t seq_heads, int sms) {
-  for (int warps = 8; warps > 1; warps /= 2)
-    if (seq_heads * (8 / warps) >= sms) return warps;
-  return 1;
+// State-pass layout. The pass is a chain of dependent chunk steps per (sequence, head), so it
+// needs many warps in flight; but every extra block per head re-reads that head's chunk records.
+// Take the first layout, from most to least economical in bytes, that puts a block on at least
+// half the multiprocessors and two warps on each; few heads end at 1x4 (4x the warps of 8x1,
+// each with a quarter of the per-step work).
+StateConfig choose_state_config(int64_t seq_heads, int sms) {
+  constexpr StateConfig kConfigs[] = {{8, 1}, {4, 1}, {2, 2}};
+  for (const StateConfig& c : kConfigs) {
+    const int64_t blocks = seq_heads * (8 / c.value_slices);
+    if (2 * blocks >= sms && blocks * c.value_slices * c.key_parts >= 2 * sms) return c;
+  }
+  return {1, 4};
+}
+
+// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) overrides the choice: tests run every layout.
+StateConfig state_config(int64_t seq_heads) {
+  if (const char* forced = std::getenv("FLASHKDA_STATE_CONFIG")) {
+    StateConfig c{0, 0};
+    if (std::sscanf(forced, "%dx%d", &c.value_slices, &c.key_parts) == 2) return c;
+    fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, got '", forced, "'");
+  }
+  return choose_state_config(seq_heads, multiprocessor_count());
 }
 
 }  // namespace
@@ -67,7 +85,7 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
                     p.out};
-  launch_state(state, choose_state_warps(p.N * p.H, multiprocessor_count()), stream);
+  launch_state(state, state_config(p.N * p.H), stream);
 }
 
 }  // namespace flashkda::gpu

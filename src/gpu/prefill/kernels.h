@@ -33,9 +33,15 @@ struct StateParams {
   uint16_t* out;               // [total, H, 128] bf16
 };
 
+// How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
+// head, each slice split over `key_parts` warps by key channels. Supported: 8x1, 4x1, 2x2, 1x4.
+struct StateConfig {
+  int value_slices;
+  int key_parts;
+};
+
 // Prep: grid (slots, H), 128 threads. State pass: see state_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
-// warps_per_block in {1, 2, 4, 8}: each warp owns 16 of the 128 value columns of one head.
-void launch_state(const StateParams& p, int warps_per_block, cudaStream_t stream);
+void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

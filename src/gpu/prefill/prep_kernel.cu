@@ -12,8 +12,6 @@ namespace flashkda::gpu {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kPairs = kChunk * (kChunk + 1) / 2;  // (i, j) with j <= i
-constexpr int kRowPad = kHeadDim + 1;              // fp32 rows padded: row i, column c in bank (i + c) % 32
 
 // One butterfly level: lanes with bit `kWidth` set keep the upper half of x[0, 2 kWidth), the others
 // the lower half, each adding its partner's copy. Widths are template arguments so every index is a
@@ -40,10 +38,6 @@ __device__ __forceinline__ float reduce_scatter_32(float (&x)[32], int lane) {
   return x[0];
 }
 
-__device__ __forceinline__ float load_bf16(const uint16_t* p) {
-  return bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
-}
-
 // Finds the chunk a slot holds: its first token and token count (0 for an unused slot).
 __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& t0, int& count) {
   int64_t lo = 0, hi = seqs.num_seqs - 1;  // largest n with first_slot(n) <= slot
@@ -59,6 +53,48 @@ __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t s
   count = (chunk < 0 || t0 >= eos) ? 0 : static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
 }
 
+// Strictly lower pair p in [0, 120) -> (i, j), i > j, row-major: p = i (i - 1) / 2 + j.
+__device__ __forceinline__ void lower_pair(int p, int& i, int& j) {
+  i = static_cast<int>((1.0f + sqrtf(1.0f + 8.0f * p)) * 0.5f);
+  while (i * (i - 1) / 2 > p) --i;
+  while ((i + 1) * i / 2 <= p) ++i;
+  j = p - i * (i - 1) / 2;
+}
+
+constexpr int kTileStride = kHeadDim + 4;  // fp32 rows padded by 16 bytes: row i starts in bank 4i
+
+// Shared memory. The input tiles, the fp32 scratch tiles and the outgoing record live in one
+// buffer, in turn (each phase ends at a __syncthreads before the next one writes).
+struct PrepSmem {
+  union {
+    uint16_t in[3][kChunk][kHeadDim];               // q, k, g rows as loaded (bf16)
+    float tile[3][kChunk][kTileStride];             // K~, K-, Q~ (fp32)
+    uint8_t record[ChunkRecord::kBytes];            // staged record, stored with one bulk copy
+  };
+  uint16_t v[kChunk][kHeadDim];                     // v rows (bf16), read again for W V at the end
+  float red[kThreads / 32][32];
+  float rnorm[2 * kChunk];                           // 1/||q_t||, then 1/||k_t||
+  float beta[kChunk];
+  alignas(16) float L[kChunk][kChunk];
+  alignas(16) float M[kChunk][kChunk];
+  alignas(16) float W[kChunk][kChunk];
+};
+
+// sum_j A[i][j] x[j] over a lower-triangular row (zeros above the diagonal), 4 columns a read.
+__device__ __forceinline__ float lower_row_dot(const float (&row)[kChunk], const float (&x)[kChunk], int i) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j4 = 0; j4 < kChunk / 4; ++j4) {
+    if (4 * j4 > i) break;
+    const float4 a = *reinterpret_cast<const float4*>(&row[4 * j4]);
+    s = fmaf(a.x, x[4 * j4], s);
+    s = fmaf(a.y, x[4 * j4 + 1], s);
+    s = fmaf(a.z, x[4 * j4 + 2], s);
+    s = fmaf(a.w, x[4 * j4 + 3], s);
+  }
+  return s;
+}
+
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -67,101 +103,118 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   locate_slot(p.seqs, slot, t0, count);
   if (count == 0) return;  // uniform over the block
 
-  // Scratch (three fp32 [16][129] tiles) aliases the record staging area: the tiles are dead
-  // before the record is written (a __syncthreads separates them).
-  __shared__ __align__(128) uint8_t s_record[ChunkRecord::kBytes];
-  static_assert(3 * kChunk * kRowPad * 4 <= ChunkRecord::kBytes, "scratch must fit the record");
-  float(*s_kt)[kRowPad] = reinterpret_cast<float(*)[kRowPad]>(s_record);        // K~  [16][128]
-  float(*s_km)[kRowPad] = s_kt + kChunk;                                          // K-  [16][128]
-  float(*s_qt)[kRowPad] = s_kt + 2 * kChunk;                                      // Q~  [16][128]
-  __shared__ float s_red[kThreads / 32][32];
-  __shared__ float s_rnorm[2 * kChunk];  // 1/||q_t||, then 1/||k_t||
-  __shared__ float s_beta[kChunk];
-  __shared__ float s_L[kChunk][kChunk + 1];
-  __shared__ float s_M[kChunk][kChunk + 1];
-  __shared__ float s_W[kChunk][kChunk + 1];
-
+  __shared__ __align__(128) PrepSmem sm;
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
   const int H = p.num_heads;
 
-  float q[kChunk], k[kChunk], v[kChunk], a[kChunk];
-  const float expA = __expf(__ldg(p.A_log + h));
-  const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+  // Phase 1: the chunk's q, k, g, v rows into shared memory with 16-byte loads (rows past the
+  // sequence end are zero), beta's sigmoid (0 for padding: those tokens then change nothing).
+  {
+    const uint16_t* src[4] = {p.q, p.k, p.g, p.v};
+    uint4 x[4][2];
 #pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    if (t < count) {
-      const int64_t base = ((t0 + t) * H + h) * kHeadDim + c;
-      q[t] = load_bf16(p.q + base);
-      k[t] = load_bf16(p.k + base);
-      v[t] = load_bf16(p.v + base);
-      const float x = expA * (load_bf16(p.g + base) + bias);
-      a[t] = p.lower_bound / (1.0f + __expf(-x));  // safe gate: lower_bound * sigmoid(x)
-    } else {
-      q[t] = k[t] = v[t] = a[t] = 0.0f;  // padding tokens contribute nothing
+    for (int r = 0; r < 2; ++r) {
+      const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
+      const int64_t offset = ((t0 + row) * H + h) * kHeadDim + seg * 8;
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        x[m][r] = row < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + offset)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
+#pragma unroll
+      for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(m < 3 ? &sm.in[m][row][seg * 8] : &sm.v[row][seg * 8]) = x[m][r];
+    }
+    if (c < kChunk) {
+      const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p.beta) + (t0 + c) * H + h)) : 0.0f;
+      sm.beta[c] = c < count ? 1.0f / (1.0f + __expf(-b)) : 0.0f;
     }
   }
-  if (c < kChunk) {
-    const float b = c < count ? load_bf16(p.beta + (t0 + c) * H + h) : 0.0f;
-    s_beta[c] = c < count ? 1.0f / (1.0f + __expf(-b)) : 0.0f;
-  }
+  __syncthreads();
 
-  {  // L2 norms of the 16 q rows and 16 k rows, reduced over the 128 channels
-    float sq[32];
+  // Phase 2: thread c takes key channel c (and value channel c) of the 16 tokens.
+  float q[kChunk], k[kChunk], G[kChunk];
+  {
+    const float expA = __expf(__ldg(p.A_log + h));
+    const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+    float run = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      q[t] = bf16_to_float(sm.in[0][t][c]);
+      k[t] = bf16_to_float(sm.in[1][t][c]);
+      // safe gate a = lower_bound * sigmoid(exp(A_log) (g + dt_bias)); padding rows: a = 0
+      const float x = expA * (bf16_to_float(sm.in[2][t][c]) + bias);
+      const float a = t < count ? p.lower_bound * __frcp_rn(1.0f + __expf(-x)) : 0.0f;
+      G[t] = (run += a);  // cumulative log-decay G_t
+    }
+    float sq[32];  // L2 norms of the 16 q rows and 16 k rows, reduced over the 128 channels
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       sq[t] = q[t] * q[t];
       sq[kChunk + t] = k[t] * k[t];
     }
-    s_red[warp][lane] = reduce_scatter_32(sq, lane);
+    sm.red[warp][lane] = reduce_scatter_32(sq, lane);
   }
-  __syncthreads();
+  __syncthreads();  // also: every thread is done reading sm.in
   if (c < 2 * kChunk) {
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += s_red[w][c];
-    s_rnorm[c] = rsqrtf(total + 1e-6f);
+    for (int w = 0; w < kThreads / 32; ++w) total += sm.red[w][c];
+    sm.rnorm[c] = rsqrtf(total + 1e-6f);
   }
   __syncthreads();
 
-  // Cumulative log-decay G_t and the decayed key/query rows.
-  float G[kChunk];
-  float run = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) G[t] = (run += a[t]);
+  // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
+  // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
   const float G_C = G[kChunk - 1];
-  float kt[kChunk], qt[kChunk], kr[kChunk];
+  float kr[kChunk];
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) {
-    const float kh = k[t] * s_rnorm[kChunk + t];
+    const float kh = k[t] * sm.rnorm[kChunk + t];
     const float e = __expf(G[t]);
-    kt[t] = kh * e;                       // k~ = k^ exp(G)
-    qt[t] = p.scale * q[t] * s_rnorm[t] * e;  // q~ = scale q^ exp(G)
-    kr[t] = kh * __expf(G_C - G[t]);      // kr = k^ exp(G_C - G)
-    s_kt[t][c] = kt[t];
-    s_km[t][c] = kh * __expf(-G[t]);      // k- = k^ exp(-G); |G| <= 80 for the safe gate
-    s_qt[t][c] = qt[t];
+    kr[t] = kh * __expf(G_C - G[t]);
+    k[t] = kh * e;
+    q[t] = p.scale * q[t] * sm.rnorm[t] * e;
+    sm.tile[0][t][c] = k[t];
+    sm.tile[1][t][c] = kh * __expf(-G[t]);
+    sm.tile[2][t][c] = q[t];
   }
   __syncthreads();
 
-  // L (strictly lower, times beta_i) and M (lower incl. diagonal), fp32 dot products.
-  for (int pair = c; pair < kPairs; pair += kThreads) {
-    int i = static_cast<int>((sqrtf(8.0f * pair + 1.0f) - 1.0f) * 0.5f);
-    while (i * (i + 1) / 2 > pair) --i;
-    while ((i + 1) * (i + 2) / 2 <= pair) ++i;
-    const int j = pair - i * (i + 1) / 2;
+  // L (strictly lower, times beta_i) and M (lower incl. diagonal) as fp32 dot products over the
+  // 128 channels: threads 0..119 take one strictly-lower pair (both L and M), threads 120..127
+  // two diagonal entries of M each; every thread reads 3-4 float4 per 4 channels.
+  if (c < 120) {
+    int i, j;
+    lower_pair(c, i, j);
     float l = 0.0f, m = 0.0f;
 #pragma unroll 8
-    for (int cc = 0; cc < kHeadDim; ++cc) {
-      const float km = s_km[j][cc];
-      l = fmaf(s_kt[i][cc], km, l);
-      m = fmaf(s_qt[i][cc], km, m);
+    for (int c4 = 0; c4 < kHeadDim; c4 += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(&sm.tile[0][i][c4]);
+      const float4 b = *reinterpret_cast<const float4*>(&sm.tile[1][j][c4]);
+      const float4 e = *reinterpret_cast<const float4*>(&sm.tile[2][i][c4]);
+      l = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, l))));
+      m = fmaf(e.x, b.x, fmaf(e.y, b.y, fmaf(e.z, b.z, fmaf(e.w, b.w, m))));
     }
-    s_L[i][j] = i > j ? s_beta[i] * l : 0.0f;
-    s_M[i][j] = m;
-  }
-  for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    if (j > i) s_L[i][j] = s_M[i][j] = 0.0f;
+    sm.L[i][j] = sm.beta[i] * l;
+    sm.M[i][j] = m;
+    sm.L[j][i] = sm.M[j][i] = 0.0f;
+  } else {
+    const int i0 = 2 * (c - 120), i1 = i0 + 1;
+    float m0 = 0.0f, m1 = 0.0f;
+#pragma unroll 8
+    for (int c4 = 0; c4 < kHeadDim; c4 += 4) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&sm.tile[2][i0][c4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&sm.tile[1][i0][c4]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&sm.tile[2][i1][c4]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&sm.tile[1][i1][c4]);
+      m0 = fmaf(a0.x, b0.x, fmaf(a0.y, b0.y, fmaf(a0.z, b0.z, fmaf(a0.w, b0.w, m0))));
+      m1 = fmaf(a1.x, b1.x, fmaf(a1.y, b1.y, fmaf(a1.z, b1.z, fmaf(a1.w, b1.w, m1))));
+    }
+    sm.M[i0][i0] = m0;
+    sm.M[i1][i1] = m1;
+    sm.L[i0][i0] = sm.L[i1][i1] = 0.0f;
   }
   __syncthreads();
 
@@ -173,50 +226,49 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     for (int i = 0; i < kChunk; ++i) {
       float s = (i == j) ? 1.0f : 0.0f;
 #pragma unroll
-      for (int m = 0; m < i; ++m) s = fmaf(-s_L[i][m], x[m], s);
+      for (int m = 0; m < i; ++m) s = fmaf(-sm.L[i][m], x[m], s);
       x[i] = (i < j) ? 0.0f : s;
     }
-    const float bj = s_beta[j];
+    const float bj = sm.beta[j];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) s_W[i][j] = x[i] * bj;
+    for (int i = 0; i < kChunk; ++i) sm.W[i][j] = x[i] * bj;
   }
-  __syncthreads();
+  __syncthreads();  // also: the fp32 tiles are dead from here on; the record is staged over them
 
-  // Record tiles for channel c. (The scratch tiles above are dead from here on.)
-  float wk[kChunk];
+  // Record tiles for channel c: Wk = W K~, WV = W V, Qe = Q~ - M Wk, Kr (hi, lo).
+  float wk[kChunk], v[kChunk];
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t) v[t] = bf16_to_float(sm.v[t][c]);
+  float* rec_wv = reinterpret_cast<float*>(sm.record + ChunkRecord::kWV) + c * kChunk;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    float s = 0.0f, wv = 0.0f;
-#pragma unroll
-    for (int j = 0; j <= i; ++j) {
-      s = fmaf(s_W[i][j], kt[j], s);
-      wv = fmaf(s_W[i][j], v[j], wv);
+    wk[i] = lower_row_dot(sm.W[i], k, i);
+    if (i % 4 == 3) {
+      *reinterpret_cast<float4*>(rec_wv + i - 3) =
+          make_float4(lower_row_dot(sm.W[i - 3], v, i - 3), lower_row_dot(sm.W[i - 2], v, i - 2),
+                      lower_row_dot(sm.W[i - 1], v, i - 1), lower_row_dot(sm.W[i], v, i));
     }
-    wk[i] = s;
-    reinterpret_cast<float*>(s_record + ChunkRecord::kWV)[c * kChunk + i] = wv;
   }
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    float qe = qt[i];
-#pragma unroll
-    for (int j = 0; j <= i; ++j) qe = fmaf(-s_M[i][j], wk[j], qe);
+    const float qe = q[i] - lower_row_dot(sm.M[i], wk, i);
     const uint16_t kr_hi = float_to_bf16(kr[i]);
     const uint32_t off = tile_offset(i, c);
-    *reinterpret_cast<uint16_t*>(s_record + ChunkRecord::kWk + off) = float_to_bf16(wk[i]);
-    *reinterpret_cast<uint16_t*>(s_record + ChunkRecord::kQe + off) = float_to_bf16(qe);
-    *reinterpret_cast<uint16_t*>(s_record + ChunkRecord::kKrHi + off) = kr_hi;
-    *reinterpret_cast<uint16_t*>(s_record + ChunkRecord::kKrLo + off) = float_to_bf16(kr[i] - bf16_to_float(kr_hi));
+    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kWk + off) = float_to_bf16(wk[i]);
+    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kQe + off) = float_to_bf16(qe);
+    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kKrHi + off) = kr_hi;
+    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kKrLo + off) = float_to_bf16(kr[i] - bf16_to_float(kr_hi));
   }
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads)
-    reinterpret_cast<uint16_t*>(s_record + ChunkRecord::kM)[idx] = float_to_bf16(s_M[idx / kChunk][idx % kChunk]);
-  reinterpret_cast<float*>(s_record + ChunkRecord::kDecay)[c] = __expf(G_C);
+    reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kM)[idx] = float_to_bf16(sm.M[idx / kChunk][idx % kChunk]);
+  reinterpret_cast<float*>(sm.record + ChunkRecord::kDecay)[c] = __expf(G_C);
 
   // Hand the staged record to the copy engine: one bulk store of 25 KB.
   ptx::fence_proxy_async_shared();
   __syncthreads();
   if (c == 0) {
     uint8_t* dst = p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes);
-    ptx::bulk_copy_s2g(dst, s_record, ChunkRecord::kBytes);
+    ptx::bulk_copy_s2g(dst, sm.record, ChunkRecord::kBytes);
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read_all();
   }

@@ -27,15 +27,17 @@ constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
 
 using ptx::mma_bf16_16816;
 
-// Loads this lane's part of the state slice rows [vbase, vbase + 16) as C fragments.
-__device__ __forceinline__ void load_state(float (&acc)[kNTiles][4], const void* state, bool f32, int64_t row0,
-                                           int lane) {
+// Loads this lane's part of state rows [row0, row0 + 16), columns [col0, col0 + 8 kTiles), as
+// C fragments (zeros without an initial state).
+template <int kTiles>
+__device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
+                                           int col0, int lane) {
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + nt * 8 + 2 * t4;
+      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4;
       float2 x = make_float2(0.0f, 0.0f);
       if (state) {
         if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
@@ -46,14 +48,15 @@ __device__ __forceinline__ void load_state(float (&acc)[kNTiles][4], const void*
     }
 }
 
-__device__ __forceinline__ void store_state(const float (&acc)[kNTiles][4], void* state, bool f32, int64_t row0,
-                                            int lane) {
+template <int kTiles>
+__device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
+                                            int col0, int lane) {
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + nt * 8 + 2 * t4;
+      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4;
       if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
       else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
     }
@@ -68,9 +71,25 @@ __device__ __forceinline__ void split_a_fragment(const float (&c0)[4], const flo
   ptx::split_bf16x2(c1[2], c1[3], hi[3], lo[3]);
 }
 
-// One chunk step for this warp. `rec` is the chunk record in shared memory.
-__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8_t* rec, int vbase, int lane,
+// Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
+__device__ __forceinline__ void slice_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Exchange area of one value slice: each of the KS warps posts its partial X^T and O^T
+// fragments (16 floats a lane), stored [float][lane] so posts and reads are conflict-free.
+template <int KS>
+struct SliceExchange {
+  float part[KS][16][32];
+};
+
+// One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
+// [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS).
+template <int KS>
+__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, int vbase, int kpart,
+                                           int lane, SliceExchange<KS>* exchange, int barrier_id,
                                            uint16_t* out_chunk, int count, int64_t out_row_stride) {
+  constexpr int kTiles = kNTiles / KS;
   const int g = lane >> 2, t4 = lane & 3;
   const uint32_t rec_addr = ptx::smem_addr(rec);
   // ldmatrix lane roles. Non-transposed tiles (Wk, Qe, M): matrix lane/8 = (n-tile, k-half).
@@ -80,13 +99,15 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8
   const int kr_row = ((lane >> 3) & 1) * 8 + (lane & 7);
   const int kr_tile = lane >> 4;
 
-  // X^T = S^T Wk^T (two accumulators per n-tile to halve the dependent chain) and P = S^T Qe^T.
+  // Partial X^T = S^T Wk^T (two accumulators per n-tile to halve the dependent chain) and
+  // P = S^T Qe^T over this warp's key channels.
   float X[2][2][4] = {};
   float P[2][4] = {};
 #pragma unroll
-  for (int kt = 0; kt < kNTiles / 2; ++kt) {
+  for (int kl = 0; kl < kTiles / 2; ++kl) {
+    const int kt = kpart * (kTiles / 2) + kl;
     uint32_t ah[4], al[4];
-    split_a_fragment(acc[2 * kt], acc[2 * kt + 1], ah, al);
+    split_a_fragment(acc[2 * kl], acc[2 * kl + 1], ah, al);
     uint32_t bw[4], bq[4];
     const uint32_t off = tile_block_offset(nt_row, 2 * kt + k_half);
     ptx::ldmatrix_x4(bw, rec_addr + ChunkRecord::kWk + off);
@@ -95,10 +116,37 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8
     for (int nt = 0; nt < 2; ++nt) {
       const uint32_t bwn[2] = {bw[2 * nt], bw[2 * nt + 1]};
       const uint32_t bqn[2] = {bq[2 * nt], bq[2 * nt + 1]};
-      mma_bf16_16816(X[nt][kt & 1], ah, bwn);
-      mma_bf16_16816(X[nt][kt & 1], al, bwn);
+      mma_bf16_16816(X[nt][kl & 1], ah, bwn);
+      mma_bf16_16816(X[nt][kl & 1], al, bwn);
       mma_bf16_16816(P[nt], ah, bqn);
       mma_bf16_16816(P[nt], al, bqn);
+    }
+  }
+  float Xs[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) Xs[nt][i] = X[nt][0][i] + X[nt][1][i];
+
+  if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        exchange->part[kpart][nt * 4 + i][lane] = Xs[nt][i];
+        exchange->part[kpart][8 + nt * 4 + i][lane] = P[nt][i];
+      }
+    slice_barrier(barrier_id, KS * 32);
+#pragma unroll
+    for (int other = 0; other < KS; ++other) {
+      if (other == kpart) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          Xs[nt][i] += exchange->part[other][nt * 4 + i][lane];
+          if (kpart == 0) P[nt][i] += exchange->part[other][8 + nt * 4 + i][lane];
+        }
     }
   }
 
@@ -119,11 +167,38 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) U[nt][i] = wv[nt][i] - (X[nt][0][i] + X[nt][1][i]);
+    for (int i = 0; i < 4; ++i) U[nt][i] = wv[nt][i] - Xs[nt][i];
   uint32_t uh[4], ul[4];
   split_a_fragment(U[0], U[1], uh, ul);
 
-  // O^T += WV^T M^T (the intra-chunk part).
+  // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
+  const float* rec_decay = reinterpret_cast<const float*>(rec + ChunkRecord::kDecay);
+#pragma unroll
+  for (int pl = 0; pl < kTiles / 2; ++pl) {
+    const int pair = kpart * (kTiles / 2) + pl;
+    uint32_t bh[4], bl[4];
+    const uint32_t off = tile_block_offset(kr_row, 2 * pair + kr_tile);
+    ptx::ldmatrix_x4_trans(bh, rec_addr + ChunkRecord::kKrHi + off);
+    ptx::ldmatrix_x4_trans(bl, rec_addr + ChunkRecord::kKrLo + off);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float(&a)[4] = acc[2 * pl + half];
+      const float2 d = *reinterpret_cast<const float2*>(rec_decay + (2 * pair + half) * 8 + 2 * t4);
+      a[0] *= d.x;
+      a[1] *= d.y;
+      a[2] *= d.x;
+      a[3] *= d.y;
+      const uint32_t bhn[2] = {bh[2 * half], bh[2 * half + 1]};
+      const uint32_t bln[2] = {bl[2 * half], bl[2 * half + 1]};
+      mma_bf16_16816(a, uh, bhn);
+      mma_bf16_16816(a, ul, bhn);
+      mma_bf16_16816(a, uh, bln);
+    }
+  }
+
+  if (kpart != 0) return;
+  // O^T += WV^T M^T (the intra-chunk part), then O^T fragments (rows v, columns tokens)
+  // transposed in registers to (token, v pair) and stored.
   {
     uint32_t wh[4], wl[4], bm[4];
     split_a_fragment(wv[0], wv[1], wh, wl);
@@ -135,32 +210,6 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8
       mma_bf16_16816(P[nt], wl, bmn);
     }
   }
-
-  // S^T = S^T Diag(exp(G_C)) + U^T Kr.
-  const float* rec_decay = reinterpret_cast<const float*>(rec + ChunkRecord::kDecay);
-#pragma unroll
-  for (int pair = 0; pair < kNTiles / 2; ++pair) {
-    uint32_t bh[4], bl[4];
-    const uint32_t off = tile_block_offset(kr_row, 2 * pair + kr_tile);
-    ptx::ldmatrix_x4_trans(bh, rec_addr + ChunkRecord::kKrHi + off);
-    ptx::ldmatrix_x4_trans(bl, rec_addr + ChunkRecord::kKrLo + off);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int nt = 2 * pair + half;
-      const float2 d = *reinterpret_cast<const float2*>(rec_decay + nt * 8 + 2 * t4);
-      acc[nt][0] *= d.x;
-      acc[nt][1] *= d.y;
-      acc[nt][2] *= d.x;
-      acc[nt][3] *= d.y;
-      const uint32_t bhn[2] = {bh[2 * half], bh[2 * half + 1]};
-      const uint32_t bln[2] = {bl[2 * half], bl[2 * half + 1]};
-      mma_bf16_16816(acc[nt], uh, bhn);
-      mma_bf16_16816(acc[nt], ul, bhn);
-      mma_bf16_16816(acc[nt], uh, bln);
-    }
-  }
-
-  // Output: O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair).
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -172,15 +221,19 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles][4], const uint8
     }
 }
 
-template <int WARPS>
-__global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams p) {
-  constexpr int kGroups = 8 / WARPS;  // blocks per head
+// Block = VW value slices x KS key parts (one warp each) of one (sequence, head).
+template <int VW, int KS>
+__global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParams p) {
+  constexpr int kWarps = VW * KS;
+  constexpr int kGroups = 8 / VW;  // blocks per head
+  constexpr int kTiles = kNTiles / KS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int vslice = warp / KS, kpart = warp % KS;
   const int H = p.num_heads;
   const int64_t head_block = blockIdx.x / kGroups;
   const int h = static_cast<int>(head_block % H);
   const int64_t n = head_block / H;
-  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * WARPS + warp) * 16;
+  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
 
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
@@ -189,12 +242,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams 
   const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
 
-  extern __shared__ __align__(128) uint8_t smem[];  // kStages chunk records
+  // Dynamic shared memory: kStages chunk records, then (KS > 1) two exchange areas per slice.
+  extern __shared__ __align__(128) uint8_t smem[];
+  auto* exchange = reinterpret_cast<SliceExchange<KS>*>(smem + kStages * ChunkRecord::kBytes);
   __shared__ uint64_t full[kStages], empty[kStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], WARPS);
+      ptx::mbarrier_init(&empty[s], kWarps);
     }
     ptx::fence_mbarrier_init();
   }
@@ -206,8 +261,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams 
     }
 
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
-  float acc[kNTiles][4];
-  load_state(acc, p.initial_state, p.initial_state_f32, state_row0, lane);
+  const int col0 = kpart * kTiles * 8;
+  float acc[kTiles][4];
+  load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
 
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -216,8 +272,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams 
     ptx::mbarrier_wait_parity(&full[s], parity);
     const int64_t t0 = bos + c * kChunk;
     const int count = static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
-    chunk_step(acc, smem + s * ChunkRecord::kBytes, vbase, lane, p.out + t0 * out_row_stride + h * kHeadDim, count,
-               out_row_stride);
+    // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
+    // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
+    chunk_step<KS>(acc, smem + s * ChunkRecord::kBytes, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+                   1 + vslice, p.out + t0 * out_row_stride + h * kHeadDim, count, out_row_stride);
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
     if (threadIdx.x == 0 && c + kStages < num_chunks) {
@@ -228,31 +286,31 @@ __global__ void __launch_bounds__(WARPS * 32, 1) state_kernel(const StateParams 
     }
   }
 
-  if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, state_row0, lane);
+  if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
 }
 
-template <int WARPS>
-void launch_state_warps(const StateParams& p, cudaStream_t stream) {
-  constexpr int kSmem = kStages * ChunkRecord::kBytes;
+template <int VW, int KS>
+void launch_state_config(const StateParams& p, cudaStream_t stream) {
+  constexpr int kSmem = kStages * ChunkRecord::kBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   // Set on every launch (cheap) so that every device the caller uses gets it.
   const cudaError_t attr_err =
-      cudaFuncSetAttribute(state_kernel<WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(state_kernel<VW, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr_err != cudaSuccess)
     fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
-  const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / WARPS);
-  state_kernel<WARPS><<<static_cast<unsigned>(blocks), WARPS * 32, kSmem, stream>>>(p);
+  const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
+  state_kernel<VW, KS><<<static_cast<unsigned>(blocks), VW * KS * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
 
-void launch_state(const StateParams& p, int warps_per_block, cudaStream_t stream) {
-  switch (warps_per_block) {
-    case 1: launch_state_warps<1>(p, stream); break;
-    case 2: launch_state_warps<2>(p, stream); break;
-    case 4: launch_state_warps<4>(p, stream); break;
-    case 8: launch_state_warps<8>(p, stream); break;
-    default: fail(ErrorCode::kInternal, "state kernel: unsupported warps per block ", warps_per_block);
-  }
+void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
+  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4>(p, stream);
+  else
+    fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
+         config.key_parts);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
 }
