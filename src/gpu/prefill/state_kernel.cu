@@ -22,7 +22,6 @@
 namespace flashkda::gpu {
 namespace {
 
-constexpr int kStages = 3;
 constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
 
 using ptx::mma_bf16_16816;
@@ -221,9 +220,12 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
 }
 
-// Block = VW value slices x KS key parts (one warp each) of one (sequence, head).
-template <int VW, int KS>
+// Block = VW value slices x KS key parts (one warp each) of one (sequence, head), with STAGES
+// chunk records in flight: each step waits on its record, so the copy latency must hide
+// behind STAGES - 1 steps.
+template <int VW, int KS, int STAGES>
 __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParams p) {
+  constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
   constexpr int kTiles = kNTiles / KS;
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], kWarps);
+      ptx::mbarrier_init(&empty[s], kWarps * 32);  // every consumer thread releases the stage
     }
     ptx::fence_mbarrier_init();
   }
@@ -276,8 +278,7 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
     // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
     chunk_step<KS>(acc, smem + s * ChunkRecord::kBytes, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                    1 + vslice, p.out + t0 * out_row_stride + h * kHeadDim, count, out_row_stride);
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
     if (threadIdx.x == 0 && c + kStages < num_chunks) {
       ptx::mbarrier_wait_parity(&empty[s], parity);  // every warp is done with this stage
       ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
@@ -289,25 +290,27 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
   if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
 }
 
-template <int VW, int KS>
+template <int VW, int KS, int STAGES>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  constexpr int kSmem = kStages * ChunkRecord::kBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
+  constexpr int kSmem = STAGES * ChunkRecord::kBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   // Set on every launch (cheap) so that every device the caller uses gets it.
   const cudaError_t attr_err =
-      cudaFuncSetAttribute(state_kernel<VW, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(state_kernel<VW, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr_err != cudaSuccess)
     fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
-  state_kernel<VW, KS><<<static_cast<unsigned>(blocks), VW * KS * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, STAGES><<<static_cast<unsigned>(blocks), VW * KS * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1>(p, stream);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4>(p, stream);
+  // Stages: as many as shared memory allows at the blocks per multiprocessor that the
+  // registers allow (8x1 and 1x4: one block, 8 records; 4x1: two blocks, 4 records; 2x2: two, 3).
+  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 8>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 4>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 8>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);
