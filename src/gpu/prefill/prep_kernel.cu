@@ -7,6 +7,7 @@
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/bulk_copy.cuh"
+#include "gpu/ptx/convert.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -235,33 +236,34 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   }
   __syncthreads();  // also: the fp32 tiles are dead from here on; the record is staged over them
 
-  // Record tiles for channel c: Wk = W K~, WV = W V, Qe = Q~ - M Wk, Kr (hi, lo).
+  // Record tiles for channel c: Wk = W K~, (W V)^T, Qe = Q~ - M Wk, Kr^T, M, exp(G_C).
+  float* rec = reinterpret_cast<float*>(sm.record);
   float wk[kChunk], v[kChunk];
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) v[t] = bf16_to_float(sm.v[t][c]);
-  float* rec_wv = reinterpret_cast<float*>(sm.record + ChunkRecord::kWV) + c * kChunk;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
     wk[i] = lower_row_dot(sm.W[i], k, i);
-    if (i % 4 == 3) {
-      *reinterpret_cast<float4*>(rec_wv + i - 3) =
-          make_float4(lower_row_dot(sm.W[i - 3], v, i - 3), lower_row_dot(sm.W[i - 2], v, i - 2),
-                      lower_row_dot(sm.W[i - 1], v, i - 1), lower_row_dot(sm.W[i], v, i));
-    }
+    rec[ChunkRecord::kWk / 4 + swizzle_128(i, c)] = ptx::round_tf32(wk[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    const float qe = q[i] - lower_row_dot(sm.M[i], wk, i);
-    const uint16_t kr_hi = float_to_bf16(kr[i]);
-    const uint32_t off = tile_offset(i, c);
-    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kWk + off) = float_to_bf16(wk[i]);
-    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kQe + off) = float_to_bf16(qe);
-    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kKrHi + off) = kr_hi;
-    *reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kKrLo + off) = float_to_bf16(kr[i] - bf16_to_float(kr_hi));
+  for (int i = 0; i < kChunk; ++i)
+    rec[ChunkRecord::kQe / 4 + swizzle_128(i, c)] = ptx::round_tf32(q[i] - lower_row_dot(sm.M[i], wk, i));
+  // Rows of 16 tokens for channel c: the swizzle keeps aligned groups of 4, so float4 stores.
+#pragma unroll
+  for (int t = 0; t < kChunk; t += 4) {
+    *reinterpret_cast<float4*>(&rec[ChunkRecord::kKr / 4 + swizzle_16(c, t)]) =
+        make_float4(ptx::round_tf32(kr[t]), ptx::round_tf32(kr[t + 1]), ptx::round_tf32(kr[t + 2]),
+                    ptx::round_tf32(kr[t + 3]));
+    *reinterpret_cast<float4*>(&rec[ChunkRecord::kWV / 4 + swizzle_16(c, t)]) =
+        make_float4(lower_row_dot(sm.W[t], v, t), lower_row_dot(sm.W[t + 1], v, t + 1),
+                    lower_row_dot(sm.W[t + 2], v, t + 2), lower_row_dot(sm.W[t + 3], v, t + 3));
   }
-  for (int idx = c; idx < kChunk * kChunk; idx += kThreads)
-    reinterpret_cast<uint16_t*>(sm.record + ChunkRecord::kM)[idx] = float_to_bf16(sm.M[idx / kChunk][idx % kChunk]);
-  reinterpret_cast<float*>(sm.record + ChunkRecord::kDecay)[c] = __expf(G_C);
+  for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    rec[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
+  }
+  rec[ChunkRecord::kDecay / 4 + c] = __expf(G_C);
 
   // Hand the staged record to the copy engine: one bulk store of 25 KB.
   ptx::fence_proxy_async_shared();

@@ -2,13 +2,15 @@
 //
 // Each warp owns 16 value columns of one (sequence, head) and keeps that slice of the state,
 // transposed (S^T [16 v][128 k], the storage layout), in fp32 registers as mma C fragments for
-// the whole sequence. Value columns never mix, so warps need no communication: a block holds
-// 1-8 warps of one head that share the chunk records streamed into shared memory by the copy
-// engine (STAGES deep). Per chunk, with the record of chunk_record.cuh:
+// the whole sequence. Value columns never mix, so the slices of a head need no communication;
+// a block holds several slices of one head (or one slice split over warps by key channels) that
+// share the chunk records streamed into shared memory by the copy engine (STAGES deep). Per
+// chunk, with the record of chunk_record.cuh:
 //   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
-// C fragments of S^T, X^T and U^T are directly the A fragments of the next product. S, U, WV and
-// Kr enter the bf16 tensor cores as hi + lo pairs, which keeps the fp32 state accurate over long
-// sequences (the bf16-only variant misses the 5e-3 bar on large states with little decay).
+// The products run on the tensor cores in tf32 (fp32 state and records, 10-bit operands): C
+// fragments of S^T, X^T and U^T are directly the A fragments of the next product, with no
+// conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay under the 5e-3 bar
+// on large states with little decay, and those splits cost more instructions than the products.)
 #include <cuda_runtime.h>
 
 #include "api/validate.h"
@@ -16,7 +18,7 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/ldmatrix.cuh"
+#include "gpu/ptx/ldmatrix.cuh"  // movmatrix
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -61,15 +63,6 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
     }
 }
 
-// C fragments of two n-tiles (16 columns) -> one A fragment (k = those 16 columns), hi and lo.
-__device__ __forceinline__ void split_a_fragment(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
-                                                 uint32_t (&lo)[4]) {
-  ptx::split_bf16x2(c0[0], c0[1], hi[0], lo[0]);
-  ptx::split_bf16x2(c0[2], c0[3], hi[1], lo[1]);
-  ptx::split_bf16x2(c1[0], c1[1], hi[2], lo[2]);
-  ptx::split_bf16x2(c1[2], c1[3], hi[3], lo[3]);
-}
-
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void slice_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -82,43 +75,37 @@ struct SliceExchange {
   float part[KS][16][32];
 };
 
+// Two adjacent fp32 elements of a record tile (8-byte aligned by construction).
+__device__ __forceinline__ float2 load_pair(const uint8_t* rec, uint32_t tile, int element) {
+  return *reinterpret_cast<const float2*>(rec + tile + 4 * element);
+}
+
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
-// [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS).
+// [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are
+// m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
+// fragment is an A fragment as it stands, and every B fragment one 8-byte shared-memory load.
 template <int KS>
 __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, int vbase, int kpart,
                                            int lane, SliceExchange<KS>* exchange, int barrier_id,
                                            uint16_t* out_chunk, int count, int64_t out_row_stride) {
   constexpr int kTiles = kNTiles / KS;
   const int g = lane >> 2, t4 = lane & 3;
-  const uint32_t rec_addr = ptx::smem_addr(rec);
-  // ldmatrix lane roles. Non-transposed tiles (Wk, Qe, M): matrix lane/8 = (n-tile, k-half).
-  const int nt_row = (lane >> 4) * 8 + (lane & 7);
-  const int k_half = (lane >> 3) & 1;
-  // Transposed tiles (Kr): matrix lane/8 = (token half, n-tile of the pair).
-  const int kr_row = ((lane >> 3) & 1) * 8 + (lane & 7);
-  const int kr_tile = lane >> 4;
 
-  // Partial X^T = S^T Wk^T (two accumulators per n-tile to halve the dependent chain) and
-  // P = S^T Qe^T over this warp's key channels.
+  // Partial X^T = S^T Wk^T (two accumulators per token tile to halve the dependent chain) and
+  // P = S^T Qe^T over this warp's key channels. A k-tile is one n-tile (8 channels) of S^T.
   float X[2][2][4] = {};
   float P[2][4] = {};
 #pragma unroll
-  for (int kl = 0; kl < kTiles / 2; ++kl) {
-    const int kt = kpart * (kTiles / 2) + kl;
-    uint32_t ah[4], al[4];
-    split_a_fragment(acc[2 * kl], acc[2 * kl + 1], ah, al);
-    uint32_t bw[4], bq[4];
-    const uint32_t off = tile_block_offset(nt_row, 2 * kt + k_half);
-    ptx::ldmatrix_x4(bw, rec_addr + ChunkRecord::kWk + off);
-    ptx::ldmatrix_x4(bq, rec_addr + ChunkRecord::kQe + off);
+  for (int nl = 0; nl < kTiles; ++nl) {
+    const int ch = (kpart * kTiles + nl) * 8 + 2 * t4;
+    uint32_t a[4];
+    ptx::tf32_a_from_c(acc[nl], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t bwn[2] = {bw[2 * nt], bw[2 * nt + 1]};
-      const uint32_t bqn[2] = {bq[2 * nt], bq[2 * nt + 1]};
-      mma_bf16_16816(X[nt][kl & 1], ah, bwn);
-      mma_bf16_16816(X[nt][kl & 1], al, bwn);
-      mma_bf16_16816(P[nt], ah, bqn);
-      mma_bf16_16816(P[nt], al, bqn);
+      const float2 w = load_pair(rec, ChunkRecord::kWk, swizzle_128(nt * 8 + g, ch));
+      const float2 e = load_pair(rec, ChunkRecord::kQe, swizzle_128(nt * 8 + g, ch));
+      ptx::mma_tf32_1688(X[nt][nl & 1], a, w.x, w.y);
+      ptx::mma_tf32_1688(P[nt], a, e.x, e.y);
     }
   }
   float Xs[2][4];
@@ -149,64 +136,51 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
   }
 
-  // WV^T as C fragments (fp32 [v][16 tokens] in the record).
+  // (W V)^T as C fragments (rows v, columns tokens) and U^T = (W V)^T - X^T, rounded to tf32
+  // as the A fragments (k = tokens) of the state update.
   float wv[2][4];
-  const float* rec_wv = reinterpret_cast<const float*>(rec + ChunkRecord::kWV);
+  uint32_t ua[2][4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float2 x = *reinterpret_cast<const float2*>(rec_wv + (vbase + g + 8 * r) * kChunk + nt * 8 + 2 * t4);
+      const float2 x = load_pair(rec, ChunkRecord::kWV, swizzle_16(vbase + g + 8 * r, nt * 8 + 2 * t4));
       wv[nt][2 * r] = x.x;
       wv[nt][2 * r + 1] = x.y;
     }
-
-  // U^T = WV^T - X^T, as the A fragment (k = tokens) of the state update.
-  float U[2][4];
+    float u[4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) U[nt][i] = wv[nt][i] - Xs[nt][i];
-  uint32_t uh[4], ul[4];
-  split_a_fragment(U[0], U[1], uh, ul);
+    for (int i = 0; i < 4; ++i) u[i] = ptx::round_tf32(wv[nt][i] - Xs[nt][i]);
+    ptx::tf32_a_from_c(u, ua[nt]);
+  }
 
   // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
-  const float* rec_decay = reinterpret_cast<const float*>(rec + ChunkRecord::kDecay);
 #pragma unroll
-  for (int pl = 0; pl < kTiles / 2; ++pl) {
-    const int pair = kpart * (kTiles / 2) + pl;
-    uint32_t bh[4], bl[4];
-    const uint32_t off = tile_block_offset(kr_row, 2 * pair + kr_tile);
-    ptx::ldmatrix_x4_trans(bh, rec_addr + ChunkRecord::kKrHi + off);
-    ptx::ldmatrix_x4_trans(bl, rec_addr + ChunkRecord::kKrLo + off);
+  for (int nl = 0; nl < kTiles; ++nl) {
+    const int ch_tile = kpart * kTiles + nl;
+    const float2 d = load_pair(rec, ChunkRecord::kDecay, ch_tile * 8 + 2 * t4);
+    acc[nl][0] *= d.x;
+    acc[nl][1] *= d.y;
+    acc[nl][2] *= d.x;
+    acc[nl][3] *= d.y;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float(&a)[4] = acc[2 * pl + half];
-      const float2 d = *reinterpret_cast<const float2*>(rec_decay + (2 * pair + half) * 8 + 2 * t4);
-      a[0] *= d.x;
-      a[1] *= d.y;
-      a[2] *= d.x;
-      a[3] *= d.y;
-      const uint32_t bhn[2] = {bh[2 * half], bh[2 * half + 1]};
-      const uint32_t bln[2] = {bl[2 * half], bl[2 * half + 1]};
-      mma_bf16_16816(a, uh, bhn);
-      mma_bf16_16816(a, ul, bhn);
-      mma_bf16_16816(a, uh, bln);
+    for (int kt = 0; kt < 2; ++kt) {
+      const float2 b = load_pair(rec, ChunkRecord::kKr, swizzle_16(ch_tile * 8 + g, kt * 8 + 2 * t4));
+      ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
     }
   }
 
   if (kpart != 0) return;
-  // O^T += WV^T M^T (the intra-chunk part), then O^T fragments (rows v, columns tokens)
+  // O^T += (W V)^T M^T (the intra-chunk part), then O^T fragments (rows v, columns tokens)
   // transposed in registers to (token, v pair) and stored.
-  {
-    uint32_t wh[4], wl[4], bm[4];
-    split_a_fragment(wv[0], wv[1], wh, wl);
-    ptx::ldmatrix_x4(bm, rec_addr + ChunkRecord::kM + nt_row * 32 + k_half * 16);
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    uint32_t a[4];
+    ptx::tf32_a_from_c(wv[kt], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t bmn[2] = {bm[2 * nt], bm[2 * nt + 1]};
-      mma_bf16_16816(P[nt], wh, bmn);
-      mma_bf16_16816(P[nt], wl, bmn);
+      const float2 m = load_pair(rec, ChunkRecord::kM, swizzle_16(nt * 8 + g, kt * 8 + 2 * t4));
+      ptx::mma_tf32_1688(P[nt], a, m.x, m.y);
     }
   }
 #pragma unroll
@@ -305,12 +279,12 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // Stages: as many as shared memory allows at the blocks per multiprocessor that the
-  // registers allow (8x1 and 1x4: one block, 8 records; 4x1: two blocks, 4 records; 2x2: two, 3).
-  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 8>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 4>(p, stream);
+  // Stages: as many 34 KB records as shared memory holds at the blocks per multiprocessor that
+  // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 records; 4x1: two blocks, 3).
+  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3>(p, stream);
   else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 8>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);

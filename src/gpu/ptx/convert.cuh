@@ -25,4 +25,11 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
   lo = pack_bf16x2(x0 - h.x, x1 - h.y);
 }
 
+// Rounds to the nearest tf32 value (10 mantissa bits), kept in an fp32 bit pattern.
+__device__ __forceinline__ float round_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
 }  // namespace flashkda::ptx
