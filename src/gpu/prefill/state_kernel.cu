@@ -91,10 +91,12 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   constexpr int kTiles = kNTiles / KS;
   const int g = lane >> 2, t4 = lane & 3;
 
-  // Partial X^T = S^T Wk^T (two accumulators per token tile to halve the dependent chain) and
-  // P = S^T Qe^T over this warp's key channels. A k-tile is one n-tile (8 channels) of S^T.
-  float X[2][2][4] = {};
-  float P[2][4] = {};
+  // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
+  // n-tile (8 channels) of S^T. kChains accumulators per product keep the dependent mma chains
+  // short: with one warp per scheduler the step is bound by latency, not by issue.
+  constexpr int kChains = kTiles >= 4 ? 4 : kTiles;
+  float X[2][kChains][4] = {};
+  float Pc[2][kChains][4] = {};
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
     const int ch = (kpart * kTiles + nl) * 8 + 2 * t4;
@@ -104,15 +106,23 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec, ChunkRecord::kWk, swizzle_128(nt * 8 + g, ch));
       const float2 e = load_pair(rec, ChunkRecord::kQe, swizzle_128(nt * 8 + g, ch));
-      ptx::mma_tf32_1688(X[nt][nl & 1], a, w.x, w.y);
-      ptx::mma_tf32_1688(P[nt], a, e.x, e.y);
+      ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
+      ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
     }
   }
-  float Xs[2][4];
+  float Xs[2][4], P[2][4];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) Xs[nt][i] = X[nt][0][i] + X[nt][1][i];
+    for (int i = 0; i < 4; ++i) {
+      Xs[nt][i] = X[nt][0][i];
+      P[nt][i] = Pc[nt][0][i];
+#pragma unroll
+      for (int k = 1; k < kChains; ++k) {
+        Xs[nt][i] += X[nt][k][i];
+        P[nt][i] += Pc[nt][k][i];
+      }
+    }
 
   if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps
 #pragma unroll
