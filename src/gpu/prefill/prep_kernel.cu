@@ -56,9 +56,8 @@ __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t s
 
 // Strictly lower pair p in [0, 120) -> (i, j), i > j, row-major: p = i (i - 1) / 2 + j.
 __device__ __forceinline__ void lower_pair(int p, int& i, int& j) {
-  i = static_cast<int>((1.0f + sqrtf(1.0f + 8.0f * p)) * 0.5f);
-  while (i * (i - 1) / 2 > p) --i;
-  while ((i + 1) * i / 2 <= p) ++i;
+  i = 1;
+  while ((i + 1) * i / 2 <= p) ++i;  // once per thread, at most 15 steps
   j = p - i * (i - 1) / 2;
 }
 
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       k[t] = bf16_to_float(sm.in[1][t][c]);
       // safe gate a = lower_bound * sigmoid(exp(A_log) (g + dt_bias)); padding rows: a = 0
       const float x = expA * (bf16_to_float(sm.in[2][t][c]) + bias);
-      const float a = t < count ? p.lower_bound * __frcp_rn(1.0f + __expf(-x)) : 0.0f;
+      const float a = t < count ? __fdividef(p.lower_bound, 1.0f + __expf(-x)) : 0.0f;
       G[t] = (run += a);  // cumulative log-decay G_t
     }
     float sq[32];  // L2 norms of the 16 q rows and 16 k rows, reduced over the 128 channels
@@ -168,17 +167,17 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
   // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
   // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
-  const float G_C = G[kChunk - 1];
+  const float e_C = __expf(G[kChunk - 1]);  // decay of the whole chunk, exp(G_C)
   float kr[kChunk];
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) {
     const float kh = k[t] * sm.rnorm[kChunk + t];
-    const float e = __expf(G[t]);
-    kr[t] = kh * __expf(G_C - G[t]);
+    const float e = __expf(G[t]), e_inv = __expf(-G[t]);
+    kr[t] = kh * (e_C * e_inv);
     k[t] = kh * e;
     q[t] = p.scale * q[t] * sm.rnorm[t] * e;
     sm.tile[0][t][c] = k[t];
-    sm.tile[1][t][c] = kh * __expf(-G[t]);
+    sm.tile[1][t][c] = kh * e_inv;
     sm.tile[2][t][c] = q[t];
   }
   __syncthreads();
@@ -263,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     const int i = idx / kChunk, j = idx % kChunk;
     rec[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
   }
-  rec[ChunkRecord::kDecay / 4 + c] = __expf(G_C);
+  rec[ChunkRecord::kDecay / 4 + c] = e_C;
 
   // Hand the staged record to the copy engine: one bulk store of 25 KB.
   ptx::fence_proxy_async_shared();

@@ -69,43 +69,68 @@ __device__ __forceinline__ void slice_barrier(int id, int threads) {
 }
 
 // Exchange area of one value slice: each of the KS warps posts its partial X^T and O^T
-// fragments (16 floats a lane), stored [float][lane] so posts and reads are conflict-free.
+// fragments (16 floats a lane) as four float4 stored [vector][lane], conflict-free both ways.
 template <int KS>
 struct SliceExchange {
-  float part[KS][16][32];
+  float4 part[KS][4][32];
+};
+
+// Byte offsets of this lane's fragment reads inside a chunk record, fixed for the whole
+// sequence. The XOR swizzles only touch column bits 3-4, so every read is one of these
+// registers plus a compile-time immediate.
+struct LaneOffsets {
+  uint32_t wk[4];     // Wk / Qe: row g, n-tile (kpart kTiles + b) for b = 0..3; + 4096 nt + 128 a
+  uint32_t kr[2];     // Kr^T: row g of channel tile kpart kTiles, token k-tile kt; + 512 nl
+  uint32_t wv[2];     // (W V)^T: row vbase + g, token n-tile nt; + 512 r
+  uint32_t m[2];      // M: row g, token k-tile kt; + 512 nt
+  uint32_t decay;     // exp(G_C): channel 8 kpart kTiles + 2 t4; + 32 nl
+
+  template <int kTiles>
+  __device__ __forceinline__ void init(int lane, int kpart, int vbase) {
+    const int g = lane >> 2, t4 = lane & 3, g3 = g & 3, g1 = (g >> 1) & 1;
+    const int ch0 = 8 * kpart * kTiles;  // first key channel of this warp
+#pragma unroll
+    for (int b = 0; b < 4; ++b) wk[b] = 4 * (g * 128 + ch0 + 8 * (b ^ g3) + 2 * t4);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      kr[k] = 4 * (16 * (ch0 + g) + 8 * (k ^ g1) + 2 * t4);
+      wv[k] = 4 * (16 * (vbase + g) + 8 * (k ^ g1) + 2 * t4);
+      m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
+    }
+    decay = 4 * (ch0 + 2 * t4);
+  }
 };
 
 // Two adjacent fp32 elements of a record tile (8-byte aligned by construction).
-__device__ __forceinline__ float2 load_pair(const uint8_t* rec, uint32_t tile, int element) {
-  return *reinterpret_cast<const float2*>(rec + tile + 4 * element);
-}
+__device__ __forceinline__ float2 load_pair(const uint8_t* p) { return *reinterpret_cast<const float2*>(p); }
 
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
 // [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are
 // m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
 // fragment is an A fragment as it stands, and every B fragment one 8-byte shared-memory load.
 template <int KS>
-__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, int vbase, int kpart,
-                                           int lane, SliceExchange<KS>* exchange, int barrier_id,
-                                           uint16_t* out_chunk, int count, int64_t out_row_stride) {
+__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
+                                           int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
+                                           int barrier_id, uint16_t* out_chunk, int count, int64_t out_row_stride) {
   constexpr int kTiles = kNTiles / KS;
+  static_assert(kTiles % 4 == 0, "the Wk/Qe lane offsets assume 4 n-tiles per group");
   const int g = lane >> 2, t4 = lane & 3;
 
   // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
   // n-tile (8 channels) of S^T. kChains accumulators per product keep the dependent mma chains
   // short: with one warp per scheduler the step is bound by latency, not by issue.
-  constexpr int kChains = kTiles >= 4 ? 4 : kTiles;
+  constexpr int kChains = 4;
   float X[2][kChains][4] = {};
   float Pc[2][kChains][4] = {};
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
-    const int ch = (kpart * kTiles + nl) * 8 + 2 * t4;
     uint32_t a[4];
     ptx::tf32_a_from_c(acc[nl], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float2 w = load_pair(rec, ChunkRecord::kWk, swizzle_128(nt * 8 + g, ch));
-      const float2 e = load_pair(rec, ChunkRecord::kQe, swizzle_128(nt * 8 + g, ch));
+      const uint32_t off = o.wk[nl % 4] + 4096 * nt + 128 * (nl / 4);
+      const float2 w = load_pair(rec + ChunkRecord::kWk + off);
+      const float2 e = load_pair(rec + ChunkRecord::kQe + off);
       ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
       ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
     }
@@ -115,34 +140,29 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      Xs[nt][i] = X[nt][0][i];
-      P[nt][i] = Pc[nt][0][i];
-#pragma unroll
-      for (int k = 1; k < kChains; ++k) {
-        Xs[nt][i] += X[nt][k][i];
-        P[nt][i] += Pc[nt][k][i];
-      }
+      Xs[nt][i] = (X[nt][0][i] + X[nt][1][i]) + (X[nt][2][i] + X[nt][3][i]);
+      P[nt][i] = (Pc[nt][0][i] + Pc[nt][1][i]) + (Pc[nt][2][i] + Pc[nt][3][i]);
     }
 
-  if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps
+  if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps (own one included)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        exchange->part[kpart][nt * 4 + i][lane] = Xs[nt][i];
-        exchange->part[kpart][8 + nt * 4 + i][lane] = P[nt][i];
-      }
+    for (int nt = 0; nt < 2; ++nt) {
+      exchange->part[kpart][nt][lane] = make_float4(Xs[nt][0], Xs[nt][1], Xs[nt][2], Xs[nt][3]);
+      exchange->part[kpart][2 + nt][lane] = make_float4(P[nt][0], P[nt][1], P[nt][2], P[nt][3]);
+    }
     slice_barrier(barrier_id, KS * 32);
+    const int parts = kpart == 0 ? 4 : 2;  // only part 0 stores the output and needs all of P
 #pragma unroll
-    for (int other = 0; other < KS; ++other) {
-      if (other == kpart) continue;
+    for (int v4 = 0; v4 < 4; ++v4) {
+      if (v4 >= parts) break;
+      float4 sum = exchange->part[0][v4][lane];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          Xs[nt][i] += exchange->part[other][nt * 4 + i][lane];
-          if (kpart == 0) P[nt][i] += exchange->part[other][8 + nt * 4 + i][lane];
-        }
+      for (int other = 1; other < KS; ++other) {
+        const float4 x = exchange->part[other][v4][lane];
+        sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+      }
+      float(&dst)[4] = v4 < 2 ? Xs[v4] : P[v4 - 2];
+      dst[0] = sum.x, dst[1] = sum.y, dst[2] = sum.z, dst[3] = sum.w;
     }
   }
 
@@ -154,7 +174,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float2 x = load_pair(rec, ChunkRecord::kWV, swizzle_16(vbase + g + 8 * r, nt * 8 + 2 * t4));
+      const float2 x = load_pair(rec + ChunkRecord::kWV + o.wv[nt] + 512 * r);
       wv[nt][2 * r] = x.x;
       wv[nt][2 * r + 1] = x.y;
     }
@@ -167,15 +187,14 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
-    const int ch_tile = kpart * kTiles + nl;
-    const float2 d = load_pair(rec, ChunkRecord::kDecay, ch_tile * 8 + 2 * t4);
+    const float2 d = load_pair(rec + ChunkRecord::kDecay + o.decay + 32 * nl);
     acc[nl][0] *= d.x;
     acc[nl][1] *= d.y;
     acc[nl][2] *= d.x;
     acc[nl][3] *= d.y;
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      const float2 b = load_pair(rec, ChunkRecord::kKr, swizzle_16(ch_tile * 8 + g, kt * 8 + 2 * t4));
+      const float2 b = load_pair(rec + ChunkRecord::kKr + o.kr[kt] + 512 * nl);
       ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
     }
   }
@@ -189,7 +208,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     ptx::tf32_a_from_c(wv[kt], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float2 m = load_pair(rec, ChunkRecord::kM, swizzle_16(nt * 8 + g, kt * 8 + 2 * t4));
+      const float2 m = load_pair(rec + ChunkRecord::kM + o.m[kt] + 512 * nt);
       ptx::mma_tf32_1688(P[nt], a, m.x, m.y);
     }
   }
@@ -197,10 +216,10 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t o = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
+      const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
       const int token = nt * 8 + g;
       if (token < count)
-        *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = o;
+        *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
     }
 }
 
@@ -223,7 +242,7 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
 
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
-  const int64_t num_chunks = (eos - bos + kChunk - 1) / kChunk;
+  const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
   const int64_t slot0 = p.seqs.first_slot(n, bos);
   const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
@@ -251,23 +270,30 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
   float acc[kTiles][4];
   load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
 
+  LaneOffsets offsets;
+  offsets.init<kTiles>(lane, kpart, vbase);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const int s = static_cast<int>(c % kStages);
-    const uint32_t parity = static_cast<uint32_t>((c / kStages) & 1);
+  uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
+  int s = 0;
+  uint32_t parity = 0;
+  for (int c = 0; c < num_chunks; ++c) {
     ptx::mbarrier_wait_parity(&full[s], parity);
-    const int64_t t0 = bos + c * kChunk;
-    const int count = static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
+    const int count = static_cast<int>(eos - bos - int64_t{c} * kChunk < kChunk ? eos - bos - int64_t{c} * kChunk : kChunk);
     // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
     // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-    chunk_step<KS>(acc, smem + s * ChunkRecord::kBytes, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
-                   1 + vslice, p.out + t0 * out_row_stride + h * kHeadDim, count, out_row_stride);
+    chunk_step<KS>(acc, smem + s * ChunkRecord::kBytes, offsets, vbase, kpart, lane,
+                   exchange + (c & 1) * VW + vslice, 1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride,
+                   count, out_row_stride);
     ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
     if (threadIdx.x == 0 && c + kStages < num_chunks) {
       ptx::mbarrier_wait_parity(&empty[s], parity);  // every warp is done with this stage
       ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
-      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + (c + kStages) * record_stride,
+      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + int64_t{c + kStages} * record_stride,
                          ChunkRecord::kBytes, &full[s]);
+    }
+    if (++s == kStages) {
+      s = 0;
+      parity ^= 1;
     }
   }
 
