@@ -1,0 +1,197 @@
+"""Arrays of frameworks other than torch: NumPy, CuPy, JAX, or anything with DLPack.
+
+Outputs are allocated in the framework of ``q``; the device workspace too (CuPy and JAX on
+CUDA). NumPy has no native bfloat16: arrays of ``ml_dtypes.bfloat16`` are passed as uint16 views
+of the same memory (NumPy exports that dtype neither through DLPack nor through the buffer
+protocol). Float32 NumPy inputs where bfloat16 is expected are refused with a TypeError, never
+converted: the caller converts once (``x.astype(ml_dtypes.bfloat16)``) and keeps the bf16 copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+from . import _ext
+
+_ARG_INDEX = {name: i for i, name in enumerate(_ext.ARG_NAMES)}
+
+
+def framework_of(x) -> str:
+    """'numpy', 'cupy', 'jax', 'torch' or 'other', from the array's type."""
+    root = type(x).__module__.split(".")[0]
+    if root in ("numpy", "cupy", "torch"):
+        return root
+    if root in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
+def _is_numpy_bf16(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return framework_of(x) == "numpy" and getattr(dtype, "name", "") == "bfloat16"
+
+
+def _prepare(arrays: dict):
+    """Returns (arguments for _ext, bf16_views bit mask)."""
+    views = 0
+    prepared = {}
+    for name, x in arrays.items():
+        if x is not None and _is_numpy_bf16(x):
+            import numpy as np
+
+            x = x.view(np.uint16)
+            views |= 1 << _ARG_INDEX[name]
+        prepared[name] = x
+    return prepared, views
+
+
+def _stream_handle(fw: str, stream) -> int:
+    """The cudaStream_t to run on: `stream` when given, else CuPy's current stream, else 0."""
+    if stream is None:
+        if fw != "cupy":
+            return 0
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    if isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(
+        f"stream: expected an int cudaStream_t or an object with .ptr or .cuda_stream, got {type(stream).__name__}"
+    )
+
+
+def _is_cuda(fw: str, x) -> bool:
+    if fw == "cupy":
+        return True
+    if fw == "jax":
+        return any(d.platform == "gpu" for d in x.devices())
+    if fw == "numpy":
+        return False
+    device = getattr(x, "__dlpack_device__", None)
+    return device is not None and device()[0] in (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def _cupy_stream(cupy, handle: int):
+    """A context making `handle` CuPy's current stream (its memory pool is stream-ordered)."""
+    if handle == cupy.cuda.get_current_stream().ptr:
+        return contextlib.nullcontext()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # newer CuPy prefers Stream.from_external
+        return cupy.cuda.ExternalStream(handle)
+
+
+class _Allocator:
+    """Allocates arrays of q's framework on q's device."""
+
+    def __init__(self, q, stream: int):
+        self.fw = framework_of(q)
+        self.q = q
+        self.stream = stream
+
+    def _dtype(self, dtype):
+        if not isinstance(dtype, str):
+            return dtype  # a dtype of the framework itself (e.g. initial_state.dtype)
+        if dtype == "bfloat16" and self.fw in ("numpy", "cupy"):
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise TypeError(
+                    "flashkda: NumPy/CuPy outputs in bfloat16 need the ml_dtypes package (pip install ml_dtypes), "
+                    "or pass out= yourself"
+                ) from None
+            return ml_dtypes.bfloat16
+        if self.fw == "jax":
+            import jax.numpy as jnp
+
+            return getattr(jnp, dtype)
+        import numpy as np
+
+        return np.dtype(dtype)
+
+    def empty(self, shape, dtype):
+        dtype = self._dtype(dtype)
+        if self.fw == "numpy":
+            import numpy as np
+
+            return np.empty(shape, dtype=dtype)
+        if self.fw == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.q.device.id), _cupy_stream(cupy, self.stream):
+                try:
+                    return cupy.empty(shape, dtype=dtype)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(
+                        f"flashkda: CuPy cannot allocate an array of dtype {dtype} ({e}); pass out= yourself"
+                    ) from None
+        if self.fw == "jax":
+            import jax.numpy as jnp
+
+            device = next(iter(self.q.devices()))
+            return jnp.zeros(shape, dtype=dtype, device=device)
+        raise TypeError(
+            f"q: flashkda allocates outputs for torch, NumPy, CuPy and JAX arrays, got {type(self.q).__name__}; "
+            "pass out= (and final_state through flashkda.fwd) to use other arrays"
+        )
+
+
+def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
+        lower_bound, scale, gate, check_cu_seqlens, stream):
+    """Runs the extension on arrays of any framework, writing into out and final_state."""
+    fw = framework_of(q)
+    cuda = _is_cuda(fw, q)
+    handle = _stream_handle(fw, stream)
+    if fw == "jax" and cuda:
+        # JAX has no stream to share: wait for the inputs, and (below) for the kernels.
+        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens):
+            if hasattr(x, "block_until_ready"):
+                x.block_until_ready()
+    args, views = _prepare(dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
+                                initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens))
+    alloc = _Allocator(q, handle)
+    _ext.forward(
+        args["q"], args["k"], args["v"], args["g"], args["beta"], args["A_log"], args["dt_bias"], args["out"],
+        args["initial_state"], args["final_state"], args["cu_seqlens"],
+        lower_bound, scale, gate, check_cu_seqlens, handle,
+        (lambda n: alloc.empty((n,), "uint8")) if cuda else None, views,
+    )
+    if fw == "jax" and cuda:
+        _ext.stream_synchronize(handle)
+
+
+def check_rank(q, v) -> None:
+    """q and v must be 4-D before output shapes can be read off them (C++ validation's wording)."""
+    for name, x, layout in (("q", q, "[B, T, H, K]"), ("v", v, "[B, T, H, V]")):
+        if len(x.shape) != 4:
+            raise ValueError(
+                f"{name}: expected 4 dimensions {layout}, got {len(x.shape)} dimensions with shape {list(x.shape)}"
+            )
+
+
+def _output_shapes(q, v, cu_seqlens):
+    check_rank(q, v)
+    B, T, H, K = (int(d) for d in q.shape)
+    V = int(v.shape[3])
+    N = B
+    if cu_seqlens is not None and len(cu_seqlens.shape) >= 1:
+        N = max(int(cu_seqlens.shape[0]) - 1, 0)
+    return (B, T, H, V), (N, H, V, K)
+
+
+def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
+            lower_bound, scale, gate, output_final_state, check_cu_seqlens, stream):
+    """flashkda.forward for arrays that are not torch tensors."""
+    out_shape, state_shape = _output_shapes(q, v, cu_seqlens)
+    alloc = _Allocator(q, _stream_handle(framework_of(q), stream))
+    if out is None:
+        out = alloc.empty(out_shape, "bfloat16")
+    final_state = None
+    if output_final_state:
+        final_state = alloc.empty(state_shape, initial_state.dtype if initial_state is not None else "float32")
+    run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
+        lower_bound, scale, gate, check_cu_seqlens, stream)
+    return out, final_state
