@@ -6,8 +6,8 @@
 #include "common/bf16.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
-#include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -54,45 +54,37 @@ __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t s
   count = (chunk < 0 || t0 >= eos) ? 0 : static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
 }
 
-// Strictly lower pair p in [0, 120) -> (i, j), i > j, row-major: p = i (i - 1) / 2 + j.
-__device__ __forceinline__ void lower_pair(int p, int& i, int& j) {
-  i = 1;
-  while ((i + 1) * i / 2 <= p) ++i;  // once per thread, at most 15 steps
-  j = p - i * (i - 1) / 2;
-}
+constexpr int kTileStride = kHeadDim + 8;  // fp32 [16][136] tiles: row r starts in bank 8r, so the
+                                           // 8-byte fragment reads of rows g = 0..3 never collide
+constexpr int kSmallStride = kChunk + 8;   // fp32 [16][24] matrices (L, M, W), same reason
 
-constexpr int kTileStride = kHeadDim + 4;  // fp32 rows padded by 16 bytes: row i starts in bank 4i
-
-// Shared memory. The input tiles, the fp32 scratch tiles and the outgoing record live in one
-// buffer, in turn (each phase ends at a __syncthreads before the next one writes).
+// Shared memory. The loaded bf16 rows and the fp32 tiles live in one buffer, in turn (a
+// __syncthreads separates the last read of one from the first write of the other).
 struct PrepSmem {
   union {
-    uint16_t in[3][kChunk][kHeadDim];               // q, k, g rows as loaded (bf16)
-    float tile[3][kChunk][kTileStride];             // K~, K-, Q~ (fp32)
-    uint8_t record[ChunkRecord::kBytes];            // staged record, stored with one bulk copy
+    uint16_t in[3][kChunk][kHeadDim];    // q, k, g rows as loaded (bf16)
+    float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
-  uint16_t v[kChunk][kHeadDim];                     // v rows (bf16), read again for W V at the end
+  uint16_t v[kChunk][kHeadDim];           // v rows (bf16)
+  float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
   float red[kThreads / 32][32];
-  float rnorm[2 * kChunk];                           // 1/||q_t||, then 1/||k_t||
+  float rnorm[2 * kChunk];                // 1/||q_t||, then 1/||k_t||
   float beta[kChunk];
-  alignas(16) float L[kChunk][kChunk];
-  alignas(16) float M[kChunk][kChunk];
-  alignas(16) float W[kChunk][kChunk];
+  alignas(16) float L[kChunk][kSmallStride];
+  alignas(16) float M[kChunk][kSmallStride];
+  alignas(16) float W[kChunk][kSmallStride];
 };
 
-// sum_j A[i][j] x[j] over a lower-triangular row (zeros above the diagonal), 4 columns a read.
-__device__ __forceinline__ float lower_row_dot(const float (&row)[kChunk], const float (&x)[kChunk], int i) {
-  float s = 0.0f;
-#pragma unroll
-  for (int j4 = 0; j4 < kChunk / 4; ++j4) {
-    if (4 * j4 > i) break;
-    const float4 a = *reinterpret_cast<const float4*>(&row[4 * j4]);
-    s = fmaf(a.x, x[4 * j4], s);
-    s = fmaf(a.y, x[4 * j4 + 1], s);
-    s = fmaf(a.z, x[4 * j4 + 2], s);
-    s = fmaf(a.w, x[4 * j4 + 3], s);
-  }
-  return s;
+// A fragment of a 16-row fp32 matrix in shared memory for m16n8k8 tf32 (k-slot t = column
+// 2t, slot t + 4 = column 2t + 1 of the 8-column k-tile starting at col0; see mma.cuh).
+template <int kStride>
+__device__ __forceinline__ void load_a(const float (*m)[kStride], int col0, int g, int t4, uint32_t (&a)[4]) {
+  const float2 top = *reinterpret_cast<const float2*>(&m[g][col0 + 2 * t4]);
+  const float2 bottom = *reinterpret_cast<const float2*>(&m[g + 8][col0 + 2 * t4]);
+  a[0] = __float_as_uint(top.x);
+  a[1] = __float_as_uint(bottom.x);
+  a[2] = __float_as_uint(top.y);
+  a[3] = __float_as_uint(bottom.y);
 }
 
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
@@ -176,45 +168,40 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     kr[t] = kh * (e_C * e_inv);
     k[t] = kh * e;
     q[t] = p.scale * q[t] * sm.rnorm[t] * e;
-    sm.tile[0][t][c] = k[t];
-    sm.tile[1][t][c] = kh * e_inv;
-    sm.tile[2][t][c] = q[t];
+    sm.tile[0][t][c] = ptx::round_tf32(k[t]);
+    sm.tile[1][t][c] = ptx::round_tf32(kh * e_inv);
+    sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
   }
   __syncthreads();
 
-  // L (strictly lower, times beta_i) and M (lower incl. diagonal) as fp32 dot products over the
-  // 128 channels: threads 0..119 take one strictly-lower pair (both L and M), threads 120..127
-  // two diagonal entries of M each; every thread reads 3-4 float4 per 4 channels.
-  if (c < 120) {
-    int i, j;
-    lower_pair(c, i, j);
-    float l = 0.0f, m = 0.0f;
-#pragma unroll 8
-    for (int c4 = 0; c4 < kHeadDim; c4 += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(&sm.tile[0][i][c4]);
-      const float4 b = *reinterpret_cast<const float4*>(&sm.tile[1][j][c4]);
-      const float4 e = *reinterpret_cast<const float4*>(&sm.tile[2][i][c4]);
-      l = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, l))));
-      m = fmaf(e.x, b.x, fmaf(e.y, b.y, fmaf(e.z, b.z, fmaf(e.w, b.w, m))));
+  // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32): warps 0, 1 take L over channel
+  // halves, warps 2, 3 take M; the halves are added below.
+  const int g = lane >> 2, t4 = lane & 3;
+  {
+    const float(*a_tile)[kTileStride] = warp < 2 ? sm.tile[0] : sm.tile[2];
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      const int col0 = (warp & 1) * 64 + kt * 8;
+      uint32_t a[4];
+      load_a<kTileStride>(a_tile, col0, g, t4, a);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 b = *reinterpret_cast<const float2*>(&sm.tile[1][nt * 8 + g][col0 + 2 * t4]);
+        ptx::mma_tf32_1688(acc[nt], a, b.x, b.y);
+      }
     }
-    sm.L[i][j] = sm.beta[i] * l;
-    sm.M[i][j] = m;
-    sm.L[j][i] = sm.M[j][i] = 0.0f;
-  } else {
-    const int i0 = 2 * (c - 120), i1 = i0 + 1;
-    float m0 = 0.0f, m1 = 0.0f;
-#pragma unroll 8
-    for (int c4 = 0; c4 < kHeadDim; c4 += 4) {
-      const float4 a0 = *reinterpret_cast<const float4*>(&sm.tile[2][i0][c4]);
-      const float4 b0 = *reinterpret_cast<const float4*>(&sm.tile[1][i0][c4]);
-      const float4 a1 = *reinterpret_cast<const float4*>(&sm.tile[2][i1][c4]);
-      const float4 b1 = *reinterpret_cast<const float4*>(&sm.tile[1][i1][c4]);
-      m0 = fmaf(a0.x, b0.x, fmaf(a0.y, b0.y, fmaf(a0.z, b0.z, fmaf(a0.w, b0.w, m0))));
-      m1 = fmaf(a1.x, b1.x, fmaf(a1.y, b1.y, fmaf(a1.z, b1.z, fmaf(a1.w, b1.w, m1))));
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      *reinterpret_cast<float2*>(&sm.part[warp][g][nt * 8 + 2 * t4]) = make_float2(acc[nt][0], acc[nt][1]);
+      *reinterpret_cast<float2*>(&sm.part[warp][g + 8][nt * 8 + 2 * t4]) = make_float2(acc[nt][2], acc[nt][3]);
     }
-    sm.M[i0][i0] = m0;
-    sm.M[i1][i1] = m1;
-    sm.L[i0][i0] = sm.L[i1][i1] = 0.0f;
+  }
+  __syncthreads();
+  for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    sm.L[i][j] = i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;  // strictly lower
+    sm.M[i][j] = i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;                // lower incl. diagonal
   }
   __syncthreads();
 
@@ -233,46 +220,79 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) sm.W[i][j] = x[i] * bj;
   }
-  __syncthreads();  // also: the fp32 tiles are dead from here on; the record is staged over them
+  __syncthreads();
 
-  // Record tiles for channel c: Wk = W K~, (W V)^T, Qe = Q~ - M Wk, Kr^T, M, exp(G_C).
-  float* rec = reinterpret_cast<float*>(sm.record);
-  float wk[kChunk], v[kChunk];
+  // The record goes straight to global memory; every store below fills whole 32-byte sectors.
+  float* rec = reinterpret_cast<float*>(p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes));
+
+  // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
+  //   Wk = W K~,  Qe = Q~ - M Wk,  W V (W split hi + lo, so that W V keeps ~fp32 accuracy:
+  //   V is exact in tf32, and W V enters U = W V - Wk S unrounded).
+  {
+    uint32_t aw[2][4], awl[2][4], am[2][4];
 #pragma unroll
-  for (int t = 0; t < kChunk; ++t) v[t] = bf16_to_float(sm.v[t][c]);
+    for (int kt = 0; kt < 2; ++kt) {
+      load_a<kSmallStride>(sm.W, kt * 8, g, t4, aw[kt]);
+      load_a<kSmallStride>(sm.M, kt * 8, g, t4, am[kt]);
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    wk[i] = lower_row_dot(sm.W[i], k, i);
-    rec[ChunkRecord::kWk / 4 + swizzle_128(i, c)] = ptx::round_tf32(wk[i]);
+      for (int r = 0; r < 4; ++r) {
+        const float w = __uint_as_float(aw[kt][r]);
+        const float hi = ptx::round_tf32(w);
+        aw[kt][r] = __float_as_uint(hi);
+        awl[kt][r] = __float_as_uint(ptx::round_tf32(w - hi));
+        am[kt][r] = __float_as_uint(-ptx::round_tf32(__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
+      }
+    }
+#pragma unroll
+    for (int nl = 0; nl < 4; ++nl) {
+      const int ch = warp * 32 + nl * 8;  // first channel of this n-tile
+      float wk[4] = {}, wv[4] = {}, qe[4];
+      const float2 q0 = *reinterpret_cast<const float2*>(&sm.tile[2][g][ch + 2 * t4]);
+      const float2 q1 = *reinterpret_cast<const float2*>(&sm.tile[2][g + 8][ch + 2 * t4]);
+      qe[0] = q0.x, qe[1] = q0.y, qe[2] = q1.x, qe[3] = q1.y;
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        const int j = kt * 8 + 2 * t4;  // B rows (tokens) j and j + 1, column ch + g
+        ptx::mma_tf32_1688(wk, aw[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
+        const float v0 = bf16_to_float(sm.v[j][ch + g]), v1 = bf16_to_float(sm.v[j + 1][ch + g]);
+        ptx::mma_tf32_1688(wv, aw[kt], v0, v1);
+        ptx::mma_tf32_1688(wv, awl[kt], v0, v1);
+      }
+      __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 x = make_float2(ptx::round_tf32(wk[2 * r]), ptx::round_tf32(wk[2 * r + 1]));
+        *reinterpret_cast<float2*>(&rec[ChunkRecord::kWk / 4 + swizzle_128(g + 8 * r, ch + 2 * t4)]) = x;
+        *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
+        // (W V)^T is [v][token]: elements (v = ch + 2 t4 + e, token g + 8 r)
+        rec[ChunkRecord::kWV / 4 + swizzle_16(ch + 2 * t4, g + 8 * r)] = wv[2 * r];
+        rec[ChunkRecord::kWV / 4 + swizzle_16(ch + 2 * t4 + 1, g + 8 * r)] = wv[2 * r + 1];
+      }
+      __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        const int j = kt * 8 + 2 * t4;
+        ptx::mma_tf32_1688(qe, am[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(&rec[ChunkRecord::kQe / 4 + swizzle_128(g + 8 * r, ch + 2 * t4)]) =
+            make_float2(ptx::round_tf32(qe[2 * r]), ptx::round_tf32(qe[2 * r + 1]));
+    }
   }
+
+  // Kr^T rows of 16 tokens for channel c (the swizzle keeps aligned groups of 4: float4 stores),
+  // M and exp(G_C).
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i)
-    rec[ChunkRecord::kQe / 4 + swizzle_128(i, c)] = ptx::round_tf32(q[i] - lower_row_dot(sm.M[i], wk, i));
-  // Rows of 16 tokens for channel c: the swizzle keeps aligned groups of 4, so float4 stores.
-#pragma unroll
-  for (int t = 0; t < kChunk; t += 4) {
+  for (int t = 0; t < kChunk; t += 4)
     *reinterpret_cast<float4*>(&rec[ChunkRecord::kKr / 4 + swizzle_16(c, t)]) =
         make_float4(ptx::round_tf32(kr[t]), ptx::round_tf32(kr[t + 1]), ptx::round_tf32(kr[t + 2]),
                     ptx::round_tf32(kr[t + 3]));
-    *reinterpret_cast<float4*>(&rec[ChunkRecord::kWV / 4 + swizzle_16(c, t)]) =
-        make_float4(lower_row_dot(sm.W[t], v, t), lower_row_dot(sm.W[t + 1], v, t + 1),
-                    lower_row_dot(sm.W[t + 2], v, t + 2), lower_row_dot(sm.W[t + 3], v, t + 3));
-  }
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
     rec[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
   }
   rec[ChunkRecord::kDecay / 4 + c] = e_C;
-
-  // Hand the staged record to the copy engine: one bulk store of 25 KB.
-  ptx::fence_proxy_async_shared();
-  __syncthreads();
-  if (c == 0) {
-    uint8_t* dst = p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes);
-    ptx::bulk_copy_s2g(dst, sm.record, ChunkRecord::kBytes);
-    ptx::bulk_commit_group();
-    ptx::bulk_wait_group_read_all();
-  }
 }
 
 }  // namespace
