@@ -73,11 +73,12 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
   const SequenceTable seqs = sequence_table(p);
   auto* records = static_cast<uint8_t*>(workspace);
   if (p.total_tokens > 0) {
-    PrepParams prep{p.q, p.k, p.v, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.scale,
+    PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.scale,
                     static_cast<int>(p.H), seqs, records};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   StateParams state{records,
+                    p.v,
                     static_cast<int>(p.H),
                     seqs,
                     p.initial_state,

@@ -10,7 +10,6 @@ namespace flashkda::gpu {
 struct PrepParams {
   const uint16_t* q;     // [total, H, 128] bf16
   const uint16_t* k;     // [total, H, 128]
-  const uint16_t* v;     // [total, H, 128]
   const uint16_t* g;     // [total, H, 128]
   const uint16_t* beta;  // [total, H]
   const float* A_log;    // [H]
@@ -24,6 +23,7 @@ struct PrepParams {
 
 struct StateParams {
   const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+  const uint16_t* v;           // [total, H, 128] bf16
   int num_heads;
   SequenceTable seqs;
   const void* initial_state;   // [N, H, 128, 128] or nullptr

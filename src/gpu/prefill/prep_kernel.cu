@@ -65,7 +65,6 @@ struct PrepSmem {
     uint16_t in[3][kChunk][kHeadDim];    // q, k, g rows as loaded (bf16)
     float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
-  uint16_t v[kChunk][kHeadDim];           // v rows (bf16)
   float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
   float red[kThreads / 32][32];
   float rnorm[2 * kChunk];                // 1/||q_t||, then 1/||k_t||
@@ -99,24 +98,24 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
   const int H = p.num_heads;
 
-  // Phase 1: the chunk's q, k, g, v rows into shared memory with 16-byte loads (rows past the
+  // Phase 1: the chunk's q, k, g rows into shared memory with 16-byte loads (rows past the
   // sequence end are zero), beta's sigmoid (0 for padding: those tokens then change nothing).
   {
-    const uint16_t* src[4] = {p.q, p.k, p.g, p.v};
-    uint4 x[4][2];
+    const uint16_t* src[3] = {p.q, p.k, p.g};
+    uint4 x[3][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
       const int64_t offset = ((t0 + row) * H + h) * kHeadDim + seg * 8;
 #pragma unroll
-      for (int m = 0; m < 4; ++m)
+      for (int m = 0; m < 3; ++m)
         x[m][r] = row < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + offset)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
 #pragma unroll
-      for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(m < 3 ? &sm.in[m][row][seg * 8] : &sm.v[row][seg * 8]) = x[m][r];
+      for (int m = 0; m < 3; ++m) *reinterpret_cast<uint4*>(&sm.in[m][row][seg * 8]) = x[m][r];
     }
     if (c < kChunk) {
       const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p.beta) + (t0 + c) * H + h)) : 0.0f;
@@ -226,27 +225,23 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   float* rec = reinterpret_cast<float*>(p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes));
 
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
-  //   Wk = W K~,  Qe = Q~ - M Wk,  W V (W split hi + lo, so that W V keeps ~fp32 accuracy:
-  //   V is exact in tf32, and W V enters U = W V - Wk S unrounded).
+  //   Wk = W K~ and Qe = Q~ - M Wk.
   {
-    uint32_t aw[2][4], awl[2][4], am[2][4];
+    uint32_t aw[2][4], am[2][4];
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
       load_a<kSmallStride>(sm.W, kt * 8, g, t4, aw[kt]);
       load_a<kSmallStride>(sm.M, kt * 8, g, t4, am[kt]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float w = __uint_as_float(aw[kt][r]);
-        const float hi = ptx::round_tf32(w);
-        aw[kt][r] = __float_as_uint(hi);
-        awl[kt][r] = __float_as_uint(ptx::round_tf32(w - hi));
+        aw[kt][r] = __float_as_uint(ptx::round_tf32(__uint_as_float(aw[kt][r])));
         am[kt][r] = __float_as_uint(-ptx::round_tf32(__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
       }
     }
 #pragma unroll
     for (int nl = 0; nl < 4; ++nl) {
       const int ch = warp * 32 + nl * 8;  // first channel of this n-tile
-      float wk[4] = {}, wv[4] = {}, qe[4];
+      float wk[4] = {}, qe[4];
       const float2 q0 = *reinterpret_cast<const float2*>(&sm.tile[2][g][ch + 2 * t4]);
       const float2 q1 = *reinterpret_cast<const float2*>(&sm.tile[2][g + 8][ch + 2 * t4]);
       qe[0] = q0.x, qe[1] = q0.y, qe[2] = q1.x, qe[3] = q1.y;
@@ -254,9 +249,6 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       for (int kt = 0; kt < 2; ++kt) {
         const int j = kt * 8 + 2 * t4;  // B rows (tokens) j and j + 1, column ch + g
         ptx::mma_tf32_1688(wk, aw[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
-        const float v0 = bf16_to_float(sm.v[j][ch + g]), v1 = bf16_to_float(sm.v[j + 1][ch + g]);
-        ptx::mma_tf32_1688(wv, aw[kt], v0, v1);
-        ptx::mma_tf32_1688(wv, awl[kt], v0, v1);
       }
       __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
 #pragma unroll
@@ -264,9 +256,6 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
         const float2 x = make_float2(ptx::round_tf32(wk[2 * r]), ptx::round_tf32(wk[2 * r + 1]));
         *reinterpret_cast<float2*>(&rec[ChunkRecord::kWk / 4 + swizzle_128(g + 8 * r, ch + 2 * t4)]) = x;
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
-        // (W V)^T is [v][token]: elements (v = ch + 2 t4 + e, token g + 8 r)
-        rec[ChunkRecord::kWV / 4 + swizzle_16(ch + 2 * t4, g + 8 * r)] = wv[2 * r];
-        rec[ChunkRecord::kWV / 4 + swizzle_16(ch + 2 * t4 + 1, g + 8 * r)] = wv[2 * r + 1];
       }
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
 #pragma unroll
@@ -282,7 +271,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   }
 
   // Kr^T rows of 16 tokens for channel c (the swizzle keeps aligned groups of 4: float4 stores),
-  // M and exp(G_C).
+  // W (hi and lo tf32 parts: the state kernel forms W V from them), M and exp(G_C).
 #pragma unroll
   for (int t = 0; t < kChunk; t += 4)
     *reinterpret_cast<float4*>(&rec[ChunkRecord::kKr / 4 + swizzle_16(c, t)]) =
@@ -291,6 +280,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
     rec[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
+    const float w_hi = ptx::round_tf32(sm.W[i][j]);
+    rec[ChunkRecord::kWHi / 4 + swizzle_16(i, j)] = w_hi;
+    rec[ChunkRecord::kWLo / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.W[i][j] - w_hi);
   }
   rec[ChunkRecord::kDecay / 4 + c] = e_C;
 }

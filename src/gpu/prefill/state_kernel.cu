@@ -81,12 +81,11 @@ struct SliceExchange {
 struct LaneOffsets {
   uint32_t wk[4];     // Wk / Qe: row g, n-tile (kpart kTiles + b) for b = 0..3; + 4096 nt + 128 a
   uint32_t kr[2];     // Kr^T: row g of channel tile kpart kTiles, token k-tile kt; + 512 nl
-  uint32_t wv[2];     // (W V)^T: row vbase + g, token n-tile nt; + 512 r
-  uint32_t m[2];      // M: row g, token k-tile kt; + 512 nt
+  uint32_t m[2];      // M and W: row g, token k-tile kt; + 512 nt
   uint32_t decay;     // exp(G_C): channel 8 kpart kTiles + 2 t4; + 32 nl
 
   template <int kTiles>
-  __device__ __forceinline__ void init(int lane, int kpart, int vbase) {
+  __device__ __forceinline__ void init(int lane, int kpart) {
     const int g = lane >> 2, t4 = lane & 3, g3 = g & 3, g1 = (g >> 1) & 1;
     const int ch0 = 8 * kpart * kTiles;  // first key channel of this warp
 #pragma unroll
@@ -94,7 +93,6 @@ struct LaneOffsets {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       kr[k] = 4 * (16 * (ch0 + g) + 8 * (k ^ g1) + 2 * t4);
-      wv[k] = 4 * (16 * (vbase + g) + 8 * (k ^ g1) + 2 * t4);
       m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
     }
     decay = 4 * (ch0 + 2 * t4);
@@ -166,18 +164,35 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
   }
 
-  // (W V)^T as C fragments (rows v, columns tokens) and U^T = (W V)^T - X^T, rounded to tf32
-  // as the A fragments (k = tokens) of the state update.
-  float wv[2][4];
+  // (W V)^T = V^T W^T as C fragments (rows v, columns tokens): A = V^T from the chunk's v rows
+  // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
+  // W split hi + lo. Then U^T = (W V)^T - X^T, rounded to tf32 as the A fragments (k = tokens)
+  // of the state update.
+  float wv[2][4] = {};
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][128]
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    const int tok = kt * 8 + 2 * t4;
+    uint32_t a[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool live = tok + e < count;
+      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kHeadDim + vbase + g]} << 16 : 0u;
+      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kHeadDim + vbase + g + 8]} << 16 : 0u;
+      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
+      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 hi = load_pair(rec + ChunkRecord::kWHi + o.m[kt] + 512 * nt);
+      const float2 lo = load_pair(rec + ChunkRecord::kWLo + o.m[kt] + 512 * nt);
+      ptx::mma_tf32_1688(wv[nt], a, hi.x, hi.y);
+      ptx::mma_tf32_1688(wv[nt], a, lo.x, lo.y);
+    }
+  }
   uint32_t ua[2][4];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float2 x = load_pair(rec + ChunkRecord::kWV + o.wv[nt] + 512 * r);
-      wv[nt][2 * r] = x.x;
-      wv[nt][2 * r + 1] = x.y;
-    }
     float u[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) u[i] = ptx::round_tf32(wv[nt][i] - Xs[nt][i]);
@@ -223,9 +238,26 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
 }
 
+// One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
+constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kChunk * kHeadDim * 2;
+
+// Fills a stage (warp 0, all lanes): lane 0 announces the bytes on the stage's full barrier and
+// copies the record, lane t < count copies token row t of v.
+__device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
+                                           const uint16_t* v_row0, int64_t v_row_stride, int count, int lane) {
+  if (lane == 0) {
+    ptx::mbarrier_arrive_expect_tx(full, ChunkRecord::kBytes + count * kHeadDim * 2);
+    ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
+  }
+  __syncwarp();
+  if (lane < count)
+    ptx::bulk_copy_g2s(stage + ChunkRecord::kBytes + lane * kHeadDim * 2, v_row0 + lane * v_row_stride,
+                       kHeadDim * 2, full);
+}
+
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), with STAGES
-// chunk records in flight: each step waits on its record, so the copy latency must hide
-// behind STAGES - 1 steps.
+// chunks in flight: each step waits on its stage, so the copy latency must hide behind
+// STAGES - 1 steps.
 template <int VW, int KS, int STAGES>
 __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParams p) {
   constexpr int kStages = STAGES;
@@ -247,9 +279,9 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
   const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
 
-  // Dynamic shared memory: kStages chunk records, then (KS > 1) two exchange areas per slice.
+  // Dynamic shared memory: kStages stages, then (KS > 1) two exchange areas per slice.
   extern __shared__ __align__(128) uint8_t smem[];
-  auto* exchange = reinterpret_cast<SliceExchange<KS>*>(smem + kStages * ChunkRecord::kBytes);
+  auto* exchange = reinterpret_cast<SliceExchange<KS>*>(smem + kStages * kStageBytes);
   __shared__ uint64_t full[kStages], empty[kStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -259,11 +291,16 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0)
-    for (int s = 0; s < kStages && s < num_chunks; ++s) {
-      ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
-      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + s * record_stride, ChunkRecord::kBytes, &full[s]);
-    }
+  const int64_t v_row_stride = static_cast<int64_t>(H) * kHeadDim;
+  const uint16_t* v_head = p.v + bos * v_row_stride + h * kHeadDim;
+  auto chunk_count = [&](int c) {
+    const int64_t left = eos - bos - int64_t{c} * kChunk;
+    return static_cast<int>(left < kChunk ? left : kChunk);
+  };
+  if (warp == 0)
+    for (int s = 0; s < kStages && s < num_chunks; ++s)
+      fill_stage(smem + s * kStageBytes, &full[s], records + s * record_stride, v_head + int64_t{s} * kChunk * v_row_stride,
+                 v_row_stride, chunk_count(s), lane);
 
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
@@ -271,25 +308,22 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
   load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
 
   LaneOffsets offsets;
-  offsets.init<kTiles>(lane, kpart, vbase);
+  offsets.init<kTiles>(lane, kpart);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
   int s = 0;
   uint32_t parity = 0;
   for (int c = 0; c < num_chunks; ++c) {
     ptx::mbarrier_wait_parity(&full[s], parity);
-    const int count = static_cast<int>(eos - bos - int64_t{c} * kChunk < kChunk ? eos - bos - int64_t{c} * kChunk : kChunk);
     // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
     // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-    chunk_step<KS>(acc, smem + s * ChunkRecord::kBytes, offsets, vbase, kpart, lane,
-                   exchange + (c & 1) * VW + vslice, 1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride,
-                   count, out_row_stride);
+    chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+                   1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
     ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-    if (threadIdx.x == 0 && c + kStages < num_chunks) {
+    if (warp == 0 && c + kStages < num_chunks) {
       ptx::mbarrier_wait_parity(&empty[s], parity);  // every warp is done with this stage
-      ptx::mbarrier_arrive_expect_tx(&full[s], ChunkRecord::kBytes);
-      ptx::bulk_copy_g2s(smem + s * ChunkRecord::kBytes, records + int64_t{c + kStages} * record_stride,
-                         ChunkRecord::kBytes, &full[s]);
+      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c + kStages} * record_stride,
+                 v_head + int64_t{c + kStages} * kChunk * v_row_stride, v_row_stride, chunk_count(c + kStages), lane);
     }
     if (++s == kStages) {
       s = 0;
@@ -302,7 +336,7 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
 
 template <int VW, int KS, int STAGES>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  constexpr int kSmem = STAGES * ChunkRecord::kBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
+  constexpr int kSmem = STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   // Set on every launch (cheap) so that every device the caller uses gets it.
   const cudaError_t attr_err =
       cudaFuncSetAttribute(state_kernel<VW, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -315,8 +349,8 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // Stages: as many 34 KB records as shared memory holds at the blocks per multiprocessor that
-  // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 records; 4x1: two blocks, 3).
+  // Stages: as many 31.5 KB stages as shared memory holds at the blocks per multiprocessor that
+  // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages; 4x1: two blocks, 3).
   if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6>(p, stream);
   else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3>(p, stream);
   else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3>(p, stream);
