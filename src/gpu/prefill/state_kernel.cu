@@ -255,11 +255,11 @@ __device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const
                        kHeadDim * 2, full);
 }
 
-// Block = VW value slices x KS key parts (one warp each) of one (sequence, head), with STAGES
-// chunks in flight: each step waits on its stage, so the copy latency must hide behind
-// STAGES - 1 steps.
+// Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
+// producer warp that keeps STAGES chunks in flight: each step waits on its stage, so the copy
+// latency must hide behind STAGES - 1 steps, and no computing warp ever waits to refill.
 template <int VW, int KS, int STAGES>
-__global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParams p) {
+__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const StateParams p) {
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -297,10 +297,20 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
     const int64_t left = eos - bos - int64_t{c} * kChunk;
     return static_cast<int>(left < kChunk ? left : kChunk);
   };
-  if (warp == 0)
-    for (int s = 0; s < kStages && s < num_chunks; ++s)
-      fill_stage(smem + s * kStageBytes, &full[s], records + s * record_stride, v_head + int64_t{s} * kChunk * v_row_stride,
-                 v_row_stride, chunk_count(s), lane);
+  if (warp == kWarps) {  // producer
+    int s = 0;
+    uint32_t parity = 0;
+    for (int c = 0; c < num_chunks; ++c) {
+      if (c >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // chunk c - kStages released it
+      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride,
+                 v_head + int64_t{c} * kChunk * v_row_stride, v_row_stride, chunk_count(c), lane);
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
+    }
+    return;
+  }
 
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
@@ -320,11 +330,6 @@ __global__ void __launch_bounds__(VW * KS * 32, 1) state_kernel(const StateParam
     chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                    1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
     ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-    if (warp == 0 && c + kStages < num_chunks) {
-      ptx::mbarrier_wait_parity(&empty[s], parity);  // every warp is done with this stage
-      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c + kStages} * record_stride,
-                 v_head + int64_t{c + kStages} * kChunk * v_row_stride, v_row_stride, chunk_count(c + kStages), lane);
-    }
     if (++s == kStages) {
       s = 0;
       parity ^= 1;
@@ -343,7 +348,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if (attr_err != cudaSuccess)
     fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
-  state_kernel<VW, KS, STAGES><<<static_cast<unsigned>(blocks), VW * KS * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, STAGES><<<static_cast<unsigned>(blocks), (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
