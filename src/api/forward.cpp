@@ -51,17 +51,21 @@ void check_device_sequence_offsets(const Problem& p, SeqlenCheck mode, cudaStrea
   validate_sequence_offsets(host_sequence_offsets(on_host), p.total_tokens);
 }
 
+// Workspace of a validated problem on the CUDA path.
+size_t cuda_workspace_size(const Problem& p) {
+  if (p.gate != Gate::kSafe)
+    fail(ErrorCode::kUnsupported, "gate: the softplus gate is not supported on the CUDA path yet; "
+         "use the safe gate, or host tensors for the CPU backend");
+  return gpu::prefill_workspace_size(p);
+}
+
 }  // namespace
 
 Backend backend_for(const ForwardArgs& args) { return locate_all(args); }
 
 size_t forward_workspace_size(const ForwardArgs& args) {
   const Problem p = validate_forward(args);
-  if (locate_all(args) == Backend::kCpu) return 0;
-  if (p.gate != Gate::kSafe)
-    fail(ErrorCode::kUnsupported, "gate: the softplus gate is not supported on the CUDA path yet; "
-         "use the safe gate, or host tensors for the CPU backend");
-  return gpu::prefill_workspace_size(p);
+  return locate_all(args) == Backend::kCpu ? 0 : cuda_workspace_size(p);
 }
 
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -71,7 +75,7 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
     cpu_forward(p);
     return;
   }
-  const size_t needed = forward_workspace_size(args);
+  const size_t needed = cuda_workspace_size(p);  // args are validated and located already
   if (needed > 0) {
     if (!workspace)
       fail(ErrorCode::kInvalidArgument, "workspace: expected a device buffer of at least ", needed,

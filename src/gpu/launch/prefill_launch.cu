@@ -2,11 +2,13 @@
 // allocation and no host synchronisation happen here.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
 #include "api/validate.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/launch/tensor_map.h"
 #include "gpu/prefill/kernels.h"
 
 namespace flashkda::gpu {
@@ -22,11 +24,20 @@ SequenceTable sequence_table(const Problem& p) {
   return t;
 }
 
+// Multiprocessors of the current device, read once per device (forward's host time is GPU
+// idle time for a caller who waits on it).
 int multiprocessor_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess)
+    fail(ErrorCode::kCudaError, "cannot read the current device");
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) > 0)
+    return cached[device].load(std::memory_order_relaxed);
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     fail(ErrorCode::kCudaError, "cannot read the multiprocessor count of the current device");
+  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
   return sms;
 }
 
@@ -77,8 +88,8 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     static_cast<int>(p.H), seqs, records};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
-  StateParams state{records,
-                    p.v,
+  StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, kChunk),
+                    records,
                     static_cast<int>(p.H),
                     seqs,
                     p.initial_state,

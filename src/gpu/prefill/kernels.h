@@ -1,6 +1,8 @@
 // Launch parameters of the prefill kernels (shared by the kernels and the host launch code).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "gpu/prefill/sequences.cuh"
@@ -22,8 +24,8 @@ struct PrepParams {
 };
 
 struct StateParams {
+  CUtensorMap v_rows;          // v [total, H, 128] bf16, boxes of 16 tokens of one head
   const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
-  const uint16_t* v;           // [total, H, 128] bf16
   int num_heads;
   SequenceTable seqs;
   const void* initial_state;   // [N, H, 128, 128] or nullptr

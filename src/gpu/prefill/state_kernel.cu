@@ -13,6 +13,8 @@
 // on large states with little decay, and those splits cost more instructions than the products.)
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "api/validate.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
@@ -241,25 +243,20 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
 constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kChunk * kHeadDim * 2;
 
-// Fills a stage (warp 0, all lanes): lane 0 announces the bytes on the stage's full barrier and
-// copies the record, lane t < count copies token row t of v.
+// Fills a stage (one producer thread): the chunk record, and the chunk's 16 v rows of head h
+// as one tensor-map tile (rows past the problem's end arrive as zeros).
 __device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
-                                           const uint16_t* v_row0, int64_t v_row_stride, int count, int lane) {
-  if (lane == 0) {
-    ptx::mbarrier_arrive_expect_tx(full, ChunkRecord::kBytes + count * kHeadDim * 2);
-    ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
-  }
-  __syncwarp();
-  if (lane < count)
-    ptx::bulk_copy_g2s(stage + ChunkRecord::kBytes + lane * kHeadDim * 2, v_row0 + lane * v_row_stride,
-                       kHeadDim * 2, full);
+                                           const CUtensorMap* v_rows, int h, int64_t token0) {
+  ptx::mbarrier_arrive_expect_tx(full, kStageBytes);
+  ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
+  ptx::tensor_copy_3d_g2s(stage + ChunkRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
 }
 
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps STAGES chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind STAGES - 1 steps, and no computing warp ever waits to refill.
 template <int VW, int KS, int STAGES>
-__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const StateParams p) {
+__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -280,7 +277,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const Stat
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
 
   // Dynamic shared memory: kStages stages, then (KS > 1) two exchange areas per slice.
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // Tensor-map copies need 128-byte aligned destinations: align by hand (kSmem has the slack).
+  uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);
   auto* exchange = reinterpret_cast<SliceExchange<KS>*>(smem + kStages * kStageBytes);
   __shared__ uint64_t full[kStages], empty[kStages];
   if (threadIdx.x == 0) {
@@ -291,19 +290,18 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const Stat
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  const int64_t v_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  const uint16_t* v_head = p.v + bos * v_row_stride + h * kHeadDim;
   auto chunk_count = [&](int c) {
     const int64_t left = eos - bos - int64_t{c} * kChunk;
     return static_cast<int>(left < kChunk ? left : kChunk);
   };
   if (warp == kWarps) {  // producer
+    if (lane != 0) return;
     int s = 0;
     uint32_t parity = 0;
     for (int c = 0; c < num_chunks; ++c) {
       if (c >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // chunk c - kStages released it
-      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride,
-                 v_head + int64_t{c} * kChunk * v_row_stride, v_row_stride, chunk_count(c), lane);
+      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
+                 bos + int64_t{c} * kChunk);
       if (++s == kStages) {
         s = 0;
         parity ^= 1;
@@ -341,12 +339,19 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const Stat
 
 template <int VW, int KS, int STAGES>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  constexpr int kSmem = STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
-  // Set on every launch (cheap) so that every device the caller uses gets it.
-  const cudaError_t attr_err =
-      cudaFuncSetAttribute(state_kernel<VW, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (attr_err != cudaSuccess)
-    fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
+  constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
+  // Raise the shared-memory limit once per device the caller uses.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> raised[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device >= kMaxDevices || !raised[device].load(std::memory_order_acquire)) {
+    const cudaError_t attr_err =
+        cudaFuncSetAttribute(state_kernel<VW, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (attr_err != cudaSuccess)
+      fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
+    if (device < kMaxDevices) raised[device].store(true, std::memory_order_release);
+  }
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   state_kernel<VW, KS, STAGES><<<static_cast<unsigned>(blocks), (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }

@@ -1,0 +1,43 @@
+#include "gpu/launch/tensor_map.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "api/validate.h"
+
+namespace flashkda::gpu {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                             cudaEnableDefault, &status);
+    return (err == cudaSuccess && status == cudaDriverEntryPointSuccess)
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
+               : nullptr;
+  }();
+  if (!fn) fail(ErrorCode::kCudaError, "the CUDA driver does not provide cuTensorMapEncodeTiled");
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t heads, int box_tokens) {
+  constexpr cuuint64_t kRow = 128;
+  CUtensorMap map{};
+  // A problem with no tokens still gets a valid (never used) map: dimensions must be >= 1.
+  const cuuint64_t dims[3] = {kRow, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
+  const cuuint64_t strides[2] = {kRow * 2, static_cast<cuuint64_t>(heads) * kRow * 2};  // bytes, dims 1..2
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kRow), 1, static_cast<cuuint32_t>(box_tokens)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+                                       strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail(ErrorCode::kCudaError, "encoding a tensor map failed (CUresult ", static_cast<int>(r), ")");
+  return map;
+}
+
+}  // namespace flashkda::gpu

@@ -1,0 +1,15 @@
+// Tensor maps (the copy engine's descriptors of strided tiles), encoded through the driver
+// entry point so the library needs no link-time dependency on the driver library.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace flashkda::gpu {
+
+// [tokens, heads, 128] bf16 rows; a box is `box_tokens` consecutive tokens of one head, landing
+// in shared memory as [box_tokens][128]. Rows past `tokens` read as zeros.
+CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t heads, int box_tokens);
+
+}  // namespace flashkda::gpu
