@@ -2,9 +2,13 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench (default: all)
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench python
+#                                        (default: all but python)
 #   PREBUILT=dir  use dir/test_prefill_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
+#   WHEEL=dist/flashkda-*.whl  the python step installs this wheel (built where pip works) and
+#                             runs the pytest suite, GPU tests included
+# bench runs the cases twice (the same build) and writes h200.md with scripts/bench_report.py.
 # At most 8 files land in $OUT (the device tool returns no more).
 set -uo pipefail
 cd "$(dirname "$0")/.."
