@@ -64,12 +64,18 @@ for step in $steps; do
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tee -a "$summary"
       ;;
     run)
-      run_step "flashkda run" "$OUT/run.log" 120 "$CLI_BIN" run
-      tail -20 "$OUT/run.log" >>"$summary"
+      run_step "flashkda run" "$summary" 120 "$CLI_BIN" run
       ;;
     bench)
-            run_step "flashkda bench" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
-      tail -25 "$OUT/bench.log" >>"$summary"
+      run_step "flashkda bench" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
+      run_step "flashkda bench (repeat)" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
+      python3 scripts/bench_report.py "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
+      cat "$OUT/h200.md" >>"$summary"
+      ;;
+    python)
+      run_step "python wheel" "$OUT/python.log" 300 python3 -m pip install --no-deps --force-reinstall ${WHEEL:-dist/*.whl}
+      run_step "pytest" "$OUT/python.log" "${PYTEST_LIMIT:-500}" env PYTHONUNBUFFERED=1 python3 -m pytest python/tests -rs -q
+      tail -15 "$OUT/python.log" >>"$summary"
       ;;
     *) note "unknown step: $step"; status=2 ;;
   esac
