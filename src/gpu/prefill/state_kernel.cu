@@ -20,15 +20,13 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/ldmatrix.cuh"  // movmatrix
+#include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
 namespace {
 
 constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
-
-using ptx::mma_bf16_16816;
 
 // Loads this lane's part of state rows [row0, row0 + 16), columns [col0, col0 + 8 kTiles), as
 // C fragments (zeros without an initial state).

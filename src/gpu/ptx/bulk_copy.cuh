@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "gpu/ptx/ldmatrix.cuh"  // smem_addr
+#include "gpu/ptx/movmatrix.cuh"  // smem_addr
 
 namespace flashkda::ptx {
 
@@ -58,25 +58,6 @@ __device__ __forceinline__ void tensor_copy_3d_g2s(void* dst_smem, const void* t
           smem_addr(dst_smem)),
       "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
-}
-
-// Shared -> global, tracked by bulk groups (commit, then wait before the shared memory is reused).
-__device__ __forceinline__ void bulk_copy_s2g(void* dst_gmem, const void* src_smem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst_gmem),
-               "r"(smem_addr(src_smem)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-
-// Waits until all committed bulk groups have finished reading shared memory.
-__device__ __forceinline__ void bulk_wait_group_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
-// Orders this thread's ordinary shared-memory writes before later copy-engine reads of them.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 }  // namespace flashkda::ptx

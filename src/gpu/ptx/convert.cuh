@@ -1,4 +1,4 @@
-// fp32 -> bf16 pair packing, and the hi/lo split that keeps ~16 mantissa bits through bf16 mma.
+// fp32 <-> bf16 pair packing and fp32 -> tf32 rounding.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,13 +16,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
   return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
-}
-
-// x ~= hi + lo with hi = bf16(x), lo = bf16(x - hi): products with both parts carry ~16 bits.
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  hi = pack_bf16x2(x0, x1);
-  const float2 h = unpack_bf16x2(hi);
-  lo = pack_bf16x2(x0 - h.x, x1 - h.y);
 }
 
 // Rounds to the nearest tf32 value (10 mantissa bits), kept in an fp32 bit pattern.

@@ -1,29 +1,14 @@
-// mma.sync wrapper: D = A * B + C for m16n8k16, bf16 inputs, fp32 accumulators.
-//
-// Fragment layouts (g = lane / 4, t = lane % 4), each 32-bit register two bf16 (low half first):
-//   A (16x16, row-major): a[0] (row g,   k 2t..2t+1)  a[1] (row g+8, k 2t..)
-//                         a[2] (row g,   k 2t+8..)    a[3] (row g+8, k 2t+8..)
-//   B (16x8, col-major):  b[0] (k 2t..2t+1, col g)    b[1] (k 2t+8.., col g)
-//   C (16x8, fp32):       c[0..1] (row g, cols 2t, 2t+1)  c[2..3] (row g+8, same cols)
-// So the C fragments of two adjacent n-tiles, packed to bf16 pairs, are the A fragment of one
-// k-tile: results feed the next product without leaving registers.
+// mma.sync wrappers. Fragment layouts use g = lane / 4, t = lane % 4; the fp32 accumulator
+// (16x8) is c[0..1] (row g, cols 2t, 2t+1) and c[2..3] (row g+8, same cols).
 #pragma once
 
 #include <cstdint>
 
 namespace flashkda::ptx {
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // D = A * B + C for m16n8k8 with tf32 inputs (fp32 bit patterns; the low 13 mantissa bits are
 // ignored), fp32 accumulators. Fragments: a[0] (row g, k t)  a[1] (row g+8, k t)
-// a[2] (row g, k t+4)  a[3] (row g+8, k t+4); b[0] (k t, col g)  b[1] (k t+4, col g); C as above.
+// a[2] (row g, k t+4)  a[3] (row g+8, k t+4); b[0] (k t, col g)  b[1] (k t+4, col g).
 // Any order of k inside the tile works if A and B agree: taking k-slot t = element 2t and slot
 // t+4 = element 2t+1 makes the C fragment of one n-tile directly an A fragment, and a B fragment
 // one 8-byte load of two adjacent elements.
