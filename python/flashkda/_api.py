@@ -114,23 +114,25 @@ def forward(
 
 
 def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
-        cu_seqlens=None):
+        cu_seqlens=None, *, check_cu_seqlens=True):
     """The call of the existing ``flash_kda.fwd``: writes ``out`` (and ``final_state``) in place.
 
     Same arguments and layouts as :func:`forward` (state ``[N, H, V, K]``), given positionally in
     ``flash_kda.fwd``'s order; ``final_state``, when given, is written with the state after each
     sequence. Returns None. Unlike the original it also takes CPU tensors (the CPU backend), and
-    refuses bad arguments with the exceptions :func:`forward` raises.
+    refuses bad arguments with the exceptions :func:`forward` raises. ``check_cu_seqlens``
+    (keyword only, an addition) is :func:`forward`'s: False skips the host check of CUDA
+    ``cu_seqlens`` and with it the one synchronisation of a call.
     """
     if _is_torch(q):
         _torch_ops.forward_out(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-            float(lower_bound), float(scale), 0, True,
+            float(lower_bound), float(scale), 0, bool(check_cu_seqlens),
         )
         return None
     _frameworks.run(
         q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        float(lower_bound), float(scale), 0, True, None,
+        float(lower_bound), float(scale), 0, bool(check_cu_seqlens), None,
     )
     return None
 

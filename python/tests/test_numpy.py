@@ -97,6 +97,21 @@ def test_compat_fwd_writes_in_place():
     check_against_oracle(p, out, final_state)
 
 
+def test_compat_fwd_check_cu_seqlens_keyword():
+    # The keyword-only addition: accepted, and host cu_seqlens are still checked (CPU backend).
+    p = make_problem(lengths=[5, 12], state="float32", seed=12)
+    out = np.zeros((1, 17, 2, K), dtype=BF16)
+    final_state = np.zeros_like(p["initial_state"])
+    flashkda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], K ** -0.5, out, p["A_log"], p["dt_bias"], -5.0,
+                 p["initial_state"], final_state, p["cu_seqlens"], check_cu_seqlens=False)
+    check_against_oracle(p, out, final_state)
+    bad = p["cu_seqlens"].copy()
+    bad[1] = 20
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        flashkda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], K ** -0.5, out, p["A_log"], p["dt_bias"], -5.0,
+                     p["initial_state"], final_state, bad, check_cu_seqlens=False)
+
+
 def test_compat_fwd_positional_and_stateless():
     p = make_problem(B=2, T=17, state=None)
     out = np.zeros((2, 17, 2, K), dtype=BF16)
