@@ -70,6 +70,21 @@ void check_data(const char* name, const Tensor& t, uintptr_t alignment) {
          std::hex, address, std::dec, " (offset ", address % alignment, ")");
 }
 
+// A head dimension the kernels implement (K or V).
+void check_head_dim(const char* name, const char* dim, int64_t value) {
+  if (value != kSupportedHeadDim)
+    fail(ErrorCode::kUnsupported, name, ": head dimension ", dim, " must be ", kSupportedHeadDim,
+         " (other sizes are not supported yet), got ", dim, " = ", value);
+}
+
+// A tensor of one dtype and a known shape: dtype, shape, pointer.
+void check_tensor(const char* name, const Tensor& t, DType dtype, std::initializer_list<int64_t> dims,
+                  const char* layout, uintptr_t alignment) {
+  check_dtype(name, t, {dtype});
+  check_shape(name, t, dims, layout);
+  check_data(name, t, alignment);
+}
+
 void check_state(const char* name, const Tensor& t, int64_t N, int64_t H, int64_t V, int64_t K) {
   check_dtype(name, t, {DType::kBF16, DType::kF32});
   check_shape(name, t, {N, H, V, K}, "[N, H, V, K]");
@@ -93,13 +108,10 @@ Problem validate_forward(const ForwardArgs& a) {
   check_ndim("q", a.q, 4, "[B, T, H, K]");
   const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
   if (H < 1) fail(ErrorCode::kInvalidArgument, "q: expected at least one head (H >= 1), got H = ", H);
-  if (K != kSupportedHeadDim)
-    fail(ErrorCode::kUnsupported, "q: head dimension K must be ", kSupportedHeadDim, " (other sizes are not supported yet), got K = ", K);
+  check_head_dim("q", "K", K);
   check_data("q", a.q, kActivationAlignment);
 
-  check_dtype("k", a.k, {DType::kBF16});
-  check_shape("k", a.k, {B, T, H, K}, "[B, T, H, K] (same as q)");
-  check_data("k", a.k, kActivationAlignment);
+  check_tensor("k", a.k, DType::kBF16, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
 
   check_dtype("v", a.v, {DType::kBF16});
   check_ndim("v", a.v, 4, "[B, T, H, V]");
@@ -107,29 +119,16 @@ Problem validate_forward(const ForwardArgs& a) {
     fail(ErrorCode::kInvalidArgument, "v: expected shape [", B, ", ", T, ", ", H, ", V] matching q's [B, T, H], got ",
          shape_string(a.v));
   const int64_t V = a.v.shape[3];
-  if (V != kSupportedHeadDim)
-    fail(ErrorCode::kUnsupported, "v: head dimension V must be ", kSupportedHeadDim, " (other sizes are not supported yet), got V = ", V);
+  check_head_dim("v", "V", V);
   check_data("v", a.v, kActivationAlignment);
 
-  check_dtype("g", a.g, {DType::kBF16});
-  check_shape("g", a.g, {B, T, H, K}, "[B, T, H, K] (same as q)");
-  check_data("g", a.g, kActivationAlignment);
+  check_tensor("g", a.g, DType::kBF16, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
+  check_tensor("beta", a.beta, DType::kBF16, {B, T, H}, "[B, T, H]", 2);
 
-  check_dtype("beta", a.beta, {DType::kBF16});
-  check_shape("beta", a.beta, {B, T, H}, "[B, T, H]");
-  check_data("beta", a.beta, 2);
+  check_tensor("A_log", a.A_log, DType::kF32, {H}, "[H]", 4);
+  check_tensor("dt_bias", a.dt_bias, DType::kF32, {H, K}, "[H, K]", 4);
 
-  check_dtype("A_log", a.A_log, {DType::kF32});
-  check_shape("A_log", a.A_log, {H}, "[H]");
-  check_data("A_log", a.A_log, 4);
-
-  check_dtype("dt_bias", a.dt_bias, {DType::kF32});
-  check_shape("dt_bias", a.dt_bias, {H, K}, "[H, K]");
-  check_data("dt_bias", a.dt_bias, 4);
-
-  check_dtype("out", a.out, {DType::kBF16});
-  check_shape("out", a.out, {B, T, H, V}, "[B, T, H, V]");
-  check_data("out", a.out, kActivationAlignment);
+  check_tensor("out", a.out, DType::kBF16, {B, T, H, V}, "[B, T, H, V]", kActivationAlignment);
 
   int64_t N = B;
   if (a.cu_seqlens.given()) {
