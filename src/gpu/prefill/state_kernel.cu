@@ -28,39 +28,40 @@ namespace {
 
 constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
 
-// Loads this lane's part of state rows [row0, row0 + 16), columns [col0, col0 + 8 kTiles), as
-// C fragments (zeros without an initial state).
-template <int kTiles>
-__device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
-                                           int col0, int lane) {
+// Calls fn(nt, r, idx) for each pair of this lane's C fragments of state rows [row0, row0 + 16),
+// columns [col0, col0 + 8 kTiles): acc[nt][2r], acc[nt][2r + 1] are elements idx, idx + 1 of
+// the [.., 128] row-major state.
+template <int kTiles, typename Fn>
+__device__ __forceinline__ void for_each_state_pair(int64_t row0, int col0, int lane, Fn&& fn) {
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4;
-      float2 x = make_float2(0.0f, 0.0f);
-      if (state) {
-        if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
-        else x = ptx::unpack_bf16x2(__ldg(reinterpret_cast<const unsigned*>(static_cast<const uint16_t*>(state) + idx)));
-      }
-      acc[nt][2 * r] = x.x;
-      acc[nt][2 * r + 1] = x.y;
+    for (int r = 0; r < 2; ++r) fn(nt, r, (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4);
+}
+
+// Loads this lane's part of the state slice as C fragments (zeros without an initial state).
+template <int kTiles>
+__device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
+                                           int col0, int lane) {
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    float2 x = make_float2(0.0f, 0.0f);
+    if (state) {
+      if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
+      else x = ptx::unpack_bf16x2(__ldg(reinterpret_cast<const unsigned*>(static_cast<const uint16_t*>(state) + idx)));
     }
+    acc[nt][2 * r] = x.x;
+    acc[nt][2 * r + 1] = x.y;
+  });
 }
 
 template <int kTiles>
 __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
                                             int col0, int lane) {
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t idx = (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4;
-      if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-      else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-    }
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+    else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+  });
 }
 
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
