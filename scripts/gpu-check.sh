@@ -2,8 +2,9 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench python
-#                                        (default: all but python)
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
+#                                        (default: build tests sanitize run bench)
+#   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PREBUILT=dir  use dir/test_prefill_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   WHEEL=dist/flashkda-*.whl  the python step installs this wheel (built where pip works) and
@@ -71,6 +72,15 @@ for step in $steps; do
       run_step "flashkda bench (repeat)" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
       python3 scripts/bench_report.py "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
       cat "$OUT/h200.md" >>"$summary"
+      ;;
+    profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
+      for c in ${PROFILE_CASES:-P1 P3 P7 P8 P9}; do
+        run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+          -k regex:"prep_kernel|state_kernel" --log-file "$OUT/ncu-$c.csv" \
+          "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
+        python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
+        rm -f "$OUT/ncu-$c.csv"
+      done
       ;;
     python)
       run_step "python wheel" "$OUT/python.log" 300 python3 -m pip install --no-deps --force-reinstall ${WHEEL:-dist/*.whl}

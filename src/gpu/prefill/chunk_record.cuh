@@ -18,22 +18,33 @@ namespace flashkda::gpu {
 constexpr int kChunk = 16;     // tokens per chunk
 constexpr int kHeadDim = 128;  // K = V = 128
 
-// All tiles fp32; the ones the tensor cores read (Wk, Qe, Kr, M) rounded to tf32. The state
-// kernel reads every tile as 8-byte pairs (two adjacent elements of one row); the XOR swizzles
-// below make each half-warp's pairs hit 32 different banks.
+// The [16][128] tiles are stored in the state kernel's mma B-fragment order: fragment f (an
+// n-tile of 8 rows by a k-tile of 8) is 32 consecutive lane entries, lane (g = lane / 4,
+// t = lane % 4) holding elements 2t and 2t + 1 of row g (the k-slot order of mma.cuh). Each
+// fragment read is then one conflict-free load at a fixed per-lane offset, and the prep kernel's
+// C fragments map onto the same entries, so its stores are whole 128/256-byte lines.
+//   Wk  fp32 pairs [2 token halves][16 channel tiles][32 lanes]  (tf32-rounded)
+//   Qe  bf16 pairs [2 token halves][16 channel tiles][32 lanes]
+//   Kr  bf16 pairs [16 channel tiles][2 token halves][32 lanes]  (rows = channels, k = tokens)
+// Qe and Kr in bf16 halve their bytes; Wk stays tf32: X = S Wk cancels against W V when the
+// state is large, and bf16 there costs 1e-3 more on final_state (tools/numerics). W and M are
+// small fp32 [16][16] tiles read as 8-byte pairs; W is kept whole and split hi + lo by the
+// state kernel.
 struct ChunkRecord {
-  static constexpr uint32_t kWk = 0;         // W K~               [16 tokens][128 channels], swizzle_128
-  static constexpr uint32_t kQe = 8192;      // Q~ - M W K~        [16 tokens][128 channels], swizzle_128
-  static constexpr uint32_t kKr = 16384;     // (K^ e^(G_C - G))^T [128 channels][16 tokens], swizzle_16
-  static constexpr uint32_t kWHi = 24576;    // W = (I + L)^-1 Diag(beta), tf32 part  [16][16], swizzle_16
-  static constexpr uint32_t kWLo = 25600;    // W - tf32(W), tf32 part                [16][16], swizzle_16
-  static constexpr uint32_t kM = 26624;      // M                  [16][16],                  swizzle_16
-  static constexpr uint32_t kDecay = 27648;  // exp(G_C)           [128]
-  static constexpr uint32_t kBytes = 28160;
+  static constexpr uint32_t kWk = 0;         // W K~                 fp32 fragments, 8192 B
+  static constexpr uint32_t kQe = 8192;      // Q~ - M W K~          bf16 fragments, 4096 B
+  static constexpr uint32_t kKr = 12288;     // (K^ e^(G_C - G))^T   bf16 fragments, 4096 B
+  static constexpr uint32_t kW = 16384;      // W = (I + L)^-1 Diag(beta) [16][16], swizzle_16
+  static constexpr uint32_t kM = 17408;      // M (tf32)                  [16][16], swizzle_16
+  static constexpr uint32_t kDecay = 18432;  // exp(G_C)                  [128]
+  static constexpr uint32_t kBytes = 18944;  // a multiple of 128: stages stay aligned
 };
 
-// Element index of (row, col) in a swizzled [rows][128] fp32 tile: 8-column groups XOR (row % 4).
-__host__ __device__ __forceinline__ int swizzle_128(int row, int col) { return row * 128 + (col ^ ((row & 3) << 3)); }
+// Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
+// entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).
+__host__ __device__ __forceinline__ uint32_t fragment_entry(int frag, int lane, int entry_bytes) {
+  return static_cast<uint32_t>((frag * 32 + lane) * entry_bytes);
+}
 
 // Element index of (row, col) in a swizzled [rows][16] fp32 tile: halves swapped on rows 2, 3 mod 4.
 __host__ __device__ __forceinline__ int swizzle_16(int row, int col) { return row * 16 + (col ^ (((row >> 1) & 1) << 3)); }

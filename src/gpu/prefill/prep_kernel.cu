@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   __syncthreads();
 
   // The record goes straight to global memory; every store below fills whole 32-byte sectors.
-  float* rec = reinterpret_cast<float*>(p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes));
+  uint8_t* rec = p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes);
 
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
   //   Wk = W K~ and Qe = Q~ - M Wk.
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     }
 #pragma unroll
     for (int nl = 0; nl < 4; ++nl) {
-      const int ch = warp * 32 + nl * 8;  // first channel of this n-tile
+      const int ntile = warp * 4 + nl, ch = ntile * 8;  // this n-tile and its first channel
       float wk[4] = {}, qe[4];
       const float2 q0 = *reinterpret_cast<const float2*>(&sm.tile[2][g][ch + 2 * t4]);
       const float2 q1 = *reinterpret_cast<const float2*>(&sm.tile[2][g + 8][ch + 2 * t4]);
@@ -252,9 +252,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       }
       __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::round_tf32(wk[2 * r]), ptx::round_tf32(wk[2 * r + 1]));
-        *reinterpret_cast<float2*>(&rec[ChunkRecord::kWk / 4 + swizzle_128(g + 8 * r, ch + 2 * t4)]) = x;
+        *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
@@ -265,26 +265,30 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(&rec[ChunkRecord::kQe / 4 + swizzle_128(g + 8 * r, ch + 2 * t4)]) =
-            make_float2(ptx::round_tf32(qe[2 * r]), ptx::round_tf32(qe[2 * r + 1]));
+        *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
+            ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
     }
   }
 
-  // Kr^T rows of 16 tokens for channel c (the swizzle keeps aligned groups of 4: float4 stores),
-  // W (hi and lo tf32 parts: the state kernel forms W V from them), M and exp(G_C).
+  // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
+  // (g, t = 0..3) of the two token-half fragments: one 16-byte store per half.
 #pragma unroll
-  for (int t = 0; t < kChunk; t += 4)
-    *reinterpret_cast<float4*>(&rec[ChunkRecord::kKr / 4 + swizzle_16(c, t)]) =
-        make_float4(ptx::round_tf32(kr[t]), ptx::round_tf32(kr[t + 1]), ptx::round_tf32(kr[t + 2]),
-                    ptx::round_tf32(kr[t + 3]));
+  for (int kt = 0; kt < 2; ++kt) {
+    uint4 x;
+    x.x = ptx::pack_bf16x2(kr[8 * kt + 0], kr[8 * kt + 1]);
+    x.y = ptx::pack_bf16x2(kr[8 * kt + 2], kr[8 * kt + 3]);
+    x.z = ptx::pack_bf16x2(kr[8 * kt + 4], kr[8 * kt + 5]);
+    x.w = ptx::pack_bf16x2(kr[8 * kt + 6], kr[8 * kt + 7]);
+    *reinterpret_cast<uint4*>(rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 4)) = x;
+  }
+  // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
+  float* small = reinterpret_cast<float*>(rec);
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
-    rec[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
-    const float w_hi = ptx::round_tf32(sm.W[i][j]);
-    rec[ChunkRecord::kWHi / 4 + swizzle_16(i, j)] = w_hi;
-    rec[ChunkRecord::kWLo / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.W[i][j] - w_hi);
+    small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
+    small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
   }
-  rec[ChunkRecord::kDecay / 4 + c] = e_C;
+  small[ChunkRecord::kDecay / 4 + c] = e_C;
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 // share the chunk records streamed into shared memory by the copy engine (STAGES deep). Per
 // chunk, with the record of chunk_record.cuh:
 //   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
-// The products run on the tensor cores in tf32 (fp32 state and records, 10-bit operands): C
-// fragments of S^T, X^T and U^T are directly the A fragments of the next product, with no
-// conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay under the 5e-3 bar
+// The products run on the tensor cores in tf32 (fp32 state, records in tf32 or bf16, both exact
+// as tf32 operands): C fragments of S^T, X^T and U^T are directly the A fragments of the next
+// product, with no conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay under the 5e-3 bar
 // on large states with little decay, and those splits cost more instructions than the products.)
 #include <cuda_runtime.h>
 
@@ -77,42 +77,45 @@ struct SliceExchange {
 };
 
 // Byte offsets of this lane's fragment reads inside a chunk record, fixed for the whole
-// sequence. The XOR swizzles only touch column bits 3-4, so every read is one of these
-// registers plus a compile-time immediate.
+// sequence: every read is one of these registers plus a compile-time immediate.
 struct LaneOffsets {
-  uint32_t wk[4];     // Wk / Qe: row g, n-tile (kpart kTiles + b) for b = 0..3; + 4096 nt + 128 a
-  uint32_t kr[2];     // Kr^T: row g of channel tile kpart kTiles, token k-tile kt; + 512 nl
-  uint32_t m[2];      // M and W: row g, token k-tile kt; + 512 nt
-  uint32_t decay;     // exp(G_C): channel 8 kpart kTiles + 2 t4; + 32 nl
+  uint32_t wk;     // Wk entry of this warp's first channel tile, token half 0; + 4096 nt + 256 nl
+  uint32_t qe;     // Qe entry, same fragment;                                  + 2048 nt + 128 nl
+  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 256 nl + 128 kt
+  uint32_t m[2];   // M and W: row g, token k-tile kt;                          + 512 nt
+  uint32_t decay;  // exp(G_C): channel 8 tile0 + 2 t4;                         + 32 nl
 
   template <int kTiles>
   __device__ __forceinline__ void init(int lane, int kpart) {
-    const int g = lane >> 2, t4 = lane & 3, g3 = g & 3, g1 = (g >> 1) & 1;
-    const int ch0 = 8 * kpart * kTiles;  // first key channel of this warp
+    const int g = lane >> 2, t4 = lane & 3, g1 = (g >> 1) & 1;
+    const int tile0 = kpart * kTiles;  // first channel tile of this warp
+    wk = ChunkRecord::kWk + fragment_entry(tile0, lane, 8);
+    qe = ChunkRecord::kQe + fragment_entry(tile0, lane, 4);
+    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane, 4);
 #pragma unroll
-    for (int b = 0; b < 4; ++b) wk[b] = 4 * (g * 128 + ch0 + 8 * (b ^ g3) + 2 * t4);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      kr[k] = 4 * (16 * (ch0 + g) + 8 * (k ^ g1) + 2 * t4);
-      m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
-    }
-    decay = 4 * (ch0 + 2 * t4);
+    for (int k = 0; k < 2; ++k) m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
+    decay = ChunkRecord::kDecay + 4 * (8 * tile0 + 2 * t4);
   }
 };
 
 // Two adjacent fp32 elements of a record tile (8-byte aligned by construction).
 __device__ __forceinline__ float2 load_pair(const uint8_t* p) { return *reinterpret_cast<const float2*>(p); }
 
+// Two adjacent bf16 elements of a record tile, widened to fp32 (exact in tf32).
+__device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
+  return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
+}
+
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
 // [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are
 // m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
-// fragment is an A fragment as it stands, and every B fragment one 8-byte shared-memory load.
+// fragment is an A fragment as it stands, and every B fragment one shared-memory load (8 bytes
+// of fp32 or 4 of bf16, conflict-free in the record's fragment order).
 template <int KS>
 __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
                                            int barrier_id, uint16_t* out_chunk, int count, int64_t out_row_stride) {
   constexpr int kTiles = kNTiles / KS;
-  static_assert(kTiles % 4 == 0, "the Wk/Qe lane offsets assume 4 n-tiles per group");
   const int g = lane >> 2, t4 = lane & 3;
 
   // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
@@ -127,9 +130,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     ptx::tf32_a_from_c(acc[nl], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t off = o.wk[nl % 4] + 4096 * nt + 128 * (nl / 4);
-      const float2 w = load_pair(rec + ChunkRecord::kWk + off);
-      const float2 e = load_pair(rec + ChunkRecord::kQe + off);
+      const float2 w = load_pair(rec + o.wk + 4096 * nt + 256 * nl);
+      const float2 e = load_bf16_pair(rec + o.qe + 2048 * nt + 128 * nl);
       ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
       ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
     }
@@ -167,7 +169,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 
   // (W V)^T = V^T W^T as C fragments (rows v, columns tokens): A = V^T from the chunk's v rows
   // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
-  // W split hi + lo. Then U^T = (W V)^T - X^T, rounded to tf32 as the A fragments (k = tokens)
+  // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T - X^T, rounded to tf32 as the A fragments (k = tokens)
   // of the state update.
   float wv[2][4] = {};
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][128]
@@ -185,10 +187,10 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float2 hi = load_pair(rec + ChunkRecord::kWHi + o.m[kt] + 512 * nt);
-      const float2 lo = load_pair(rec + ChunkRecord::kWLo + o.m[kt] + 512 * nt);
-      ptx::mma_tf32_1688(wv[nt], a, hi.x, hi.y);
-      ptx::mma_tf32_1688(wv[nt], a, lo.x, lo.y);
+      const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
+      const float hi_x = ptx::round_tf32(w.x), hi_y = ptx::round_tf32(w.y);
+      ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
+      ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
     }
   }
   uint32_t ua[2][4];
@@ -203,14 +205,14 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
-    const float2 d = load_pair(rec + ChunkRecord::kDecay + o.decay + 32 * nl);
+    const float2 d = load_pair(rec + o.decay + 32 * nl);
     acc[nl][0] *= d.x;
     acc[nl][1] *= d.y;
     acc[nl][2] *= d.x;
     acc[nl][3] *= d.y;
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      const float2 b = load_pair(rec + ChunkRecord::kKr + o.kr[kt] + 512 * nl);
+      const float2 b = load_bf16_pair(rec + o.kr + 256 * nl + 128 * kt);
       ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
     }
   }

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Median duration per kernel from `ncu --csv --metrics gpu__time_duration.sum` output.
+
+  scripts/kernel_times.py CASE ncu.csv   ->  one line: CASE  prep_kernel 123.4 us  state_kernel<8,1,6> 456.7 us
+"""
+import csv
+import re
+import statistics
+import sys
+
+
+def main():
+    case, path = sys.argv[1], sys.argv[2]
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]  # ncu prints its own log lines before the CSV
+    times = {}
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        name = row["Kernel Name"]
+        m = re.search(r"(prep_kernel|state_kernel)(<[^>]*>)?", name)
+        name = (m.group(1) + (m.group(2) or "")) if m else name[:40]
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(row.get("Metric Unit", "nsecond"), 1e-3)
+        times.setdefault(name, []).append(float(row["Metric Value"].replace(",", "")) * scale)
+    parts = [f"{k} {statistics.median(v):.1f} us (x{len(v)})" for k, v in times.items()]
+    print(f"{case}: " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
