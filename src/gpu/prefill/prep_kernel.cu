@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     kr[t] = kh * (e_C * e_inv);
     k[t] = kh * e;
     q[t] = p.scale * q[t] * sm.rnorm[t] * e;
-    sm.tile[0][t][c] = ptx::round_tf32(k[t]);
-    sm.tile[1][t][c] = ptx::round_tf32(kh * e_inv);
+    sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
+    sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
     sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
   }
   __syncthreads();
@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       load_a<kSmallStride>(sm.M, kt * 8, g, t4, am[kt]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        aw[kt][r] = __float_as_uint(ptx::round_tf32(__uint_as_float(aw[kt][r])));
-        am[kt][r] = __float_as_uint(-ptx::round_tf32(__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
+        aw[kt][r] = __float_as_uint(ptx::tf32_operand(__uint_as_float(aw[kt][r])));
+        am[kt][r] = __float_as_uint(ptx::tf32_operand(-__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
       }
     }
 #pragma unroll
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
-        const float2 x = make_float2(ptx::round_tf32(wk[2 * r]), ptx::round_tf32(wk[2 * r + 1]));
+        const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
         *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   float* small = reinterpret_cast<float*>(rec);
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
-    small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::round_tf32(sm.M[i][j]);
+    small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
     small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
   }
   small[ChunkRecord::kDecay / 4 + c] = e_C;

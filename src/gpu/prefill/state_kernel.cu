@@ -119,9 +119,11 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   const int g = lane >> 2, t4 = lane & 3;
 
   // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
-  // n-tile (8 channels) of S^T. kChains accumulators per product keep the dependent mma chains
-  // short: with one warp per scheduler the step is bound by latency, not by issue.
-  constexpr int kChains = 4;
+  // n-tile (8 channels) of S^T. Two accumulators per product and n-tile: four independent mma
+  // chains per product, enough beside the other warps of the scheduler (four accumulators
+  // measured 8% slower on P1: more registers and adds for no more overlap).
+  constexpr int kChains = 2;
+  static_assert(kTiles % kChains == 0, "whole chains");
   float X[2][kChains][4] = {};
   float Pc[2][kChains][4] = {};
 #pragma unroll
@@ -141,8 +143,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      Xs[nt][i] = (X[nt][0][i] + X[nt][1][i]) + (X[nt][2][i] + X[nt][3][i]);
-      P[nt][i] = (Pc[nt][0][i] + Pc[nt][1][i]) + (Pc[nt][2][i] + Pc[nt][3][i]);
+      Xs[nt][i] = X[nt][0][i] + X[nt][1][i];
+      P[nt][i] = Pc[nt][0][i] + Pc[nt][1][i];
     }
 
   if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps (own one included)
@@ -188,7 +190,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
-      const float hi_x = ptx::round_tf32(w.x), hi_y = ptx::round_tf32(w.y);
+      const float hi_x = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.x)) & 0xffffe000u);
+      const float hi_y = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.y)) & 0xffffe000u);
       ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
       ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
     }
@@ -198,7 +201,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   for (int nt = 0; nt < 2; ++nt) {
     float u[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) u[i] = ptx::round_tf32(wv[nt][i] - Xs[nt][i]);
+    for (int i = 0; i < 4; ++i) u[i] = ptx::tf32_operand(wv[nt][i] - Xs[nt][i]);
     ptx::tf32_a_from_c(u, ua[nt]);
   }
 

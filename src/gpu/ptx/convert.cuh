@@ -18,11 +18,13 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
   return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
 }
 
-// Rounds to the nearest tf32 value (10 mantissa bits), kept in an fp32 bit pattern.
-__device__ __forceinline__ float round_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
+// x rounded to the nearest tf32 value (ties away from zero, as cvt.rna.tf32.f32), as an mma
+// operand: half a tf32 ulp added to the bit pattern, whose low 13 bits the tensor cores then
+// drop (`& 0xffffe000u` makes it the tf32 value itself). One integer add where cvt.rna costs
+// about four instructions of Inf/NaN checks; the same result for finite x. A NaN may wrap to
+// -0, so only where a NaN input also reaches the output another way: in the prep and state
+// kernels every such operand has an fp32 or bf16 twin (Qe, Kr, W, exp(G_C), the state) that
+// carries the NaN.
+__device__ __forceinline__ float tf32_operand(float x) { return __uint_as_float(__float_as_uint(x) + 0x1000u); }
 
 }  // namespace flashkda::ptx
