@@ -65,19 +65,53 @@ StateConfig state_config(int64_t seq_heads) {
   return choose_state_config(seq_heads, multiprocessor_count());
 }
 
+// Segment-parallel state pass (StateSplit in kernels.h): one sequence, few heads, long. The
+// chain of T/16 steps is the whole cost there and most multiprocessors idle; splitting it in
+// two runs three half-length chains at once (3x the blocks of the 1x4 layout must fit one wave)
+// and the stitch kernel combines them. FLASHKDA_SPLIT=0/1 forces it off/on (on: any single
+// sequence, for the tests).
+constexpr int64_t kSplitMinTokens = 4096;
+
+bool use_split(const Problem& p) {
+  if (p.N != 1) return false;
+  if (const char* forced = std::getenv("FLASHKDA_SPLIT")) {
+    if (forced[0] == '0' || forced[0] == '1') return forced[0] == '1';
+    fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT: expected 0 or 1, got '", forced, "'");
+  }
+  const StateConfig c = state_config(p.H);
+  const int64_t blocks = p.H * (8 / c.value_slices);
+  return c.value_slices == 1 && c.key_parts == 4 && 3 * blocks <= multiprocessor_count() &&
+         p.total_tokens >= kSplitMinTokens;
+}
+
+// Workspace: chunk records, then for the split pass its fp32 buffers (StateSplit).
+struct WorkspaceLayout {
+  size_t records = 0, states = 0, rows = 0;  // bytes of the records, of one [H,128,128], of one [total,H,128]
+  size_t total() const { return records + 3 * states + 2 * rows; }
+};
+
+WorkspaceLayout workspace_layout(const Problem& p) {
+  WorkspaceLayout w;
+  w.records = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
+  if (use_split(p)) {
+    w.states = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
+    w.rows = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
+  }
+  return w;
+}
+
 }  // namespace
 
-size_t prefill_workspace_size(const Problem& p) {
-  return static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
-}
+size_t prefill_workspace_size(const Problem& p) { return workspace_layout(p).total(); }
 
 void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (p.gate != Gate::kSafe)
     fail(ErrorCode::kUnsupported, "gate: the CUDA path implements the safe gate only");
   if (p.K != kHeadDim || p.V != kHeadDim)
     fail(ErrorCode::kUnsupported, "the CUDA path implements K = V = 128 only, got K = ", p.K, ", V = ", p.V);
-  if (workspace_bytes < prefill_workspace_size(p))
-    fail(ErrorCode::kInvalidArgument, "workspace: expected at least ", prefill_workspace_size(p), " bytes, got ",
+  const WorkspaceLayout layout = workspace_layout(p);
+  if (workspace_bytes < layout.total())
+    fail(ErrorCode::kInvalidArgument, "workspace: expected at least ", layout.total(), " bytes, got ",
          workspace_bytes);
   if (p.N == 0) return;
 
@@ -97,7 +131,29 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
                     p.out};
-  launch_state(state, state_config(p.N * p.H), stream);
+  if (layout.states == 0) {
+    launch_state(state, state_config(p.N * p.H), stream);
+    return;
+  }
+
+  // Split pass (N = 1): three runs, then out rows of segment 1 and the final state stitched.
+  auto* buffers = reinterpret_cast<float*>(records + layout.records);  // 128-byte aligned: kBytes % 128 == 0
+  const int64_t state_elems = static_cast<int64_t>(layout.states / sizeof(float));
+  const int64_t row_elems = static_cast<int64_t>(layout.rows / sizeof(float));
+  state.split = {buffers, buffers + state_elems, buffers + 2 * state_elems, buffers + 3 * state_elems,
+                 buffers + 3 * state_elems + row_elems};
+  launch_state(state, StateConfig{1, 4}, stream);
+  const int H = static_cast<int>(p.H);
+  constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
+  StitchParams rows{state.split.out_a, state.split.mid_state, state.split.out_b, p.out, false, true,
+                    p.total_tokens, p.H * kHeadDim, kHeadDim, kStateHead, true, seqs};
+  if (p.total_tokens > 0) launch_stitch(rows, H, stream);
+  if (p.final_state) {
+    StitchParams final_state{state.split.mid_state, state.split.a_t, state.split.b_t, p.final_state,
+                             p.final_state_dtype == DType::kF32, false, kHeadDim, kHeadDim, kStateHead,
+                             kStateHead, false, seqs};
+    launch_stitch(final_state, H, stream);
+  }
 }
 
 }  // namespace flashkda::gpu

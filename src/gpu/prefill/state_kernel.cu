@@ -13,9 +13,10 @@
 // on large states with little decay, and those splits cost more instructions than the products.)
 #include <cuda_runtime.h>
 
-#include <atomic>
+#include <type_traits>
 
 #include "api/validate.h"
+#include "gpu/launch/per_device.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/bulk_copy.cuh"
@@ -61,6 +62,16 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
     if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
     else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+  });
+}
+
+// The identity as the initial state (rows v, columns k): the split pass's A run.
+template <int kTiles>
+__device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t row0, int col0, int lane) {
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    const int64_t v = idx / kHeadDim, k = idx % kHeadDim;
+    acc[nt][2 * r] = v == k ? 1.0f : 0.0f;
+    acc[nt][2 * r + 1] = v == k + 1 ? 1.0f : 0.0f;
   });
 }
 
@@ -111,10 +122,11 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
 // m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
 // fragment is an A fragment as it stands, and every B fragment one shared-memory load (8 bytes
 // of fp32 or 4 of bf16, conflict-free in the record's fragment order).
-template <int KS>
+// OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs).
+template <int KS, typename OutT>
 __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
-                                           int barrier_id, uint16_t* out_chunk, int count, int64_t out_row_stride) {
+                                           int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
   constexpr int kTiles = kNTiles / KS;
   const int g = lane >> 2, t4 = lane & 3;
 
@@ -233,15 +245,25 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
       ptx::mma_tf32_1688(P[nt], a, m.x, m.y);
     }
   }
+  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
-      const int token = nt * 8 + g;
-      if (token < count)
-        *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
-    }
+      for (int i = 0; i < 4; ++i) {
+        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
+        if (token < count) out_chunk[token * out_row_stride + v] = P[nt][i];
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
+        const int token = nt * 8 + g;
+        if (token < count)
+          *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
+      }
+  }
 }
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
@@ -259,7 +281,13 @@ __device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps STAGES chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind STAGES - 1 steps, and no computing warp ever waits to refill.
-template <int VW, int KS, int STAGES>
+//
+// kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut at
+// mid = ceil(chunks / 2) and blockIdx.y picks the run: 0 runs [0, mid) from the initial state
+// (out as usual, final state -> mid_state); 1 runs [mid, end) from zero (out -> out_b, final
+// -> b_t); 2 runs [mid, end) from the identity with v = 0 (out -> out_a, final -> a_t). The
+// three chains take half as many steps and run at once; the stitch kernel combines them.
+template <int VW, int KS, int STAGES, bool kSplit>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
@@ -276,6 +304,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+  int c_begin = 0, c_end = num_chunks;  // the chunks this block runs
+  const int run = kSplit ? static_cast<int>(blockIdx.y) : 0;
+  if constexpr (kSplit) (run == 0 ? c_end : c_begin) = (num_chunks + 1) / 2;
   const int64_t slot0 = p.seqs.first_slot(n, bos);
   const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
@@ -302,10 +333,12 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     if (lane != 0) return;
     int s = 0;
     uint32_t parity = 0;
-    for (int c = 0; c < num_chunks; ++c) {
-      if (c >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // chunk c - kStages released it
+    // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
+    const bool zero_v = kSplit && run == 2;
+    for (int c = c_begin; c < c_end; ++c) {
+      if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
       fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
-                 bos + int64_t{c} * kChunk);
+                 zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
       if (++s == kStages) {
         s = 0;
         parity ^= 1;
@@ -317,47 +350,52 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
   float acc[kTiles][4];
-  load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
+  if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
+  else if (run == 1) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
+  else load_identity(acc, vbase, col0, lane);
 
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-  int s = 0;
-  uint32_t parity = 0;
-  for (int c = 0; c < num_chunks; ++c) {
-    ptx::mbarrier_wait_parity(&full[s], parity);
-    // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
-    // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-    chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
-                   1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
-    ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-    if (++s == kStages) {
-      s = 0;
-      parity ^= 1;
+  auto run_chunks = [&](auto* out) {
+    auto* out_head = out + bos * out_row_stride + h * kHeadDim;
+    int s = 0;
+    uint32_t parity = 0;
+    for (int c = c_begin; c < c_end; ++c) {
+      ptx::mbarrier_wait_parity(&full[s], parity);
+      // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
+      // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
+      chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+                     1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
+      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
     }
-  }
+  };
+  if (!kSplit || run == 0) run_chunks(p.out);
+  else run_chunks(run == 1 ? p.split.out_b : p.split.out_a);
 
-  if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
+  if constexpr (kSplit) {
+    float* const finals[3] = {p.split.mid_state, p.split.b_t, p.split.a_t};
+    store_state(acc, finals[run], true, state_row0, col0, lane);
+  } else if (p.final_state) {
+    store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
+  }
 }
 
-template <int VW, int KS, int STAGES>
+template <int VW, int KS, int STAGES, bool kSplit>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
-  // Raise the shared-memory limit once per device the caller uses.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> raised[kMaxDevices] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device >= kMaxDevices || !raised[device].load(std::memory_order_acquire)) {
-    const cudaError_t attr_err =
-        cudaFuncSetAttribute(state_kernel<VW, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (attr_err != cudaSuccess)
-      fail(ErrorCode::kCudaError, "state kernel: setting its shared memory size failed: ", cudaGetErrorString(attr_err));
-    if (device < kMaxDevices) raised[device].store(true, std::memory_order_release);
-  }
+  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
+  raised.run("state kernel: setting its shared memory size", [] {
+    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kSmem);
+  });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
-  state_kernel<VW, KS, STAGES><<<static_cast<unsigned>(blocks), (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 3 : 1);
+  state_kernel<VW, KS, STAGES, kSplit><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
@@ -365,10 +403,14 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
   // Stages: as many 31.5 KB stages as shared memory holds at the blocks per multiprocessor that
   // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages; 4x1: two blocks, 3).
-  if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3>(p, stream);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6>(p, stream);
+  if (p.split.mid_state) {  // the segment-parallel form exists for the few-heads layout only
+    if (config.value_slices != 1 || config.key_parts != 4)
+      fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 layout only");
+    launch_state_config<1, 4, 6, true>(p, stream);
+  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6, false>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);
