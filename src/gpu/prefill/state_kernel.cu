@@ -9,8 +9,9 @@
 //   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
 // The products run on the tensor cores in tf32 (fp32 state, records in tf32 or bf16, both exact
 // as tf32 operands): C fragments of S^T, X^T and U^T are directly the A fragments of the next
-// product, with no conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay under the 5e-3 bar
-// on large states with little decay, and those splits cost more instructions than the products.)
+// product, with no conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay
+// under the 5e-3 bar on large states with little decay, and those splits cost more
+// instructions than the products.)
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -183,8 +184,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 
   // (W V)^T = V^T W^T as C fragments (rows v, columns tokens): A = V^T from the chunk's v rows
   // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
-  // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T - X^T, rounded to tf32 as the A fragments (k = tokens)
-  // of the state update.
+  // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T -
+  // X^T, rounded to tf32 as the A fragments (k = tokens) of the state update.
   float wv[2][4] = {};
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][128]
 #pragma unroll
