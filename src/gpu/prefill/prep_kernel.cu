@@ -14,31 +14,6 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// One butterfly level: lanes with bit `kWidth` set keep the upper half of x[0, 2 kWidth), the others
-// the lower half, each adding its partner's copy. Widths are template arguments so every index is a
-// compile-time constant and x stays in registers.
-template <int kWidth>
-__device__ __forceinline__ void butterfly_level(float (&x)[32], int lane) {
-  const bool upper = lane & kWidth;
-#pragma unroll
-  for (int i = 0; i < kWidth; ++i) {
-    const float first = x[i], second = x[i + kWidth];
-    const float send = upper ? first : second;
-    const float keep = upper ? second : first;
-    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, kWidth);
-  }
-}
-
-// Warp reduce-scatter: lane l ends with the warp-wide sum of x[l]. 31 shuffles for 32 sums.
-__device__ __forceinline__ float reduce_scatter_32(float (&x)[32], int lane) {
-  butterfly_level<16>(x, lane);
-  butterfly_level<8>(x, lane);
-  butterfly_level<4>(x, lane);
-  butterfly_level<2>(x, lane);
-  butterfly_level<1>(x, lane);
-  return x[0];
-}
-
 // Finds the chunk a slot holds: its first token and token count (0 for an unused slot).
 __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& t0, int& count) {
   int64_t lo = 0, hi = seqs.num_seqs - 1;  // largest n with first_slot(n) <= slot
@@ -66,7 +41,6 @@ struct PrepSmem {
     float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
   float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
-  float red[kThreads / 32][32];
   float rnorm[2 * kChunk];                // 1/||q_t||, then 1/||k_t||
   float beta[kChunk];
   alignas(16) float L[kChunk][kSmallStride];
@@ -117,6 +91,31 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
       for (int m = 0; m < 3; ++m) *reinterpret_cast<uint4*>(&sm.in[m][row][seg * 8]) = x[m][r];
     }
+    // L2 norms of the q and k rows: thread c holds 8 channels of rows c / 16 and c / 16 + 8, and
+    // the 16 threads of a row (16 consecutive lanes) add up their squares.
+    float ss[2][2];  // [q, k][row c / 16 + 8 r]
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t w[4] = {x[m][r].x, x[m][r].y, x[m][r].z, x[m][r].w};
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 v = ptx::unpack_bf16x2(w[i]);
+          sum = fmaf(v.x, v.x, fmaf(v.y, v.y, sum));
+        }
+#pragma unroll
+        for (int lanes = 8; lanes >= 1; lanes >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
+        ss[m][r] = sum;
+      }
+    if ((c & 15) == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = (c >> 4) + 8 * r;
+        sm.rnorm[row] = rsqrtf(ss[0][r] + 1e-6f);
+        sm.rnorm[kChunk + row] = rsqrtf(ss[1][r] + 1e-6f);
+      }
     if (c < kChunk) {
       const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p.beta) + (t0 + c) * H + h)) : 0.0f;
       sm.beta[c] = c < count ? 1.0f / (1.0f + __expf(-b)) : 0.0f;
@@ -139,22 +138,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       const float a = t < count ? __fdividef(p.lower_bound, 1.0f + __expf(-x)) : 0.0f;
       G[t] = (run += a);  // cumulative log-decay G_t
     }
-    float sq[32];  // L2 norms of the 16 q rows and 16 k rows, reduced over the 128 channels
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      sq[t] = q[t] * q[t];
-      sq[kChunk + t] = k[t] * k[t];
-    }
-    sm.red[warp][lane] = reduce_scatter_32(sq, lane);
   }
-  __syncthreads();  // also: every thread is done reading sm.in
-  if (c < 2 * kChunk) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) total += sm.red[w][c];
-    sm.rnorm[c] = rsqrtf(total + 1e-6f);
-  }
-  __syncthreads();
+  __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
 
   // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
   // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.

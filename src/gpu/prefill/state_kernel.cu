@@ -379,8 +379,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   else run_chunks(run == 1 ? p.split.out_b : p.split.out_a);
 
   if constexpr (kSplit) {
-    float* const finals[3] = {p.split.mid_state, p.split.b_t, p.split.a_t};
-    store_state(acc, finals[run], true, state_row0, col0, lane);
+    float* const final_state = run == 0 ? p.split.mid_state : run == 1 ? p.split.b_t : p.split.a_t;
+    store_state(acc, final_state, true, state_row0, col0, lane);
   } else if (p.final_state) {
     store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
   }
