@@ -27,6 +27,8 @@ note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git dif
 if [ -n "${PREBUILT:-}" ]; then
   TEST_BIN=$PREBUILT/test_prefill_gpu
   CLI_BIN=$PREBUILT/flashkda
+  # The checkout's git state says nothing about binaries built elsewhere: they carry their commit.
+  note "prebuilt binaries: $("$CLI_BIN" --version 2>&1 | head -1)"
 else
   BUILD=${BUILD_DIR:-build-gpu}
   TEST_BIN=$BUILD/tests/gpu/test_prefill_gpu
