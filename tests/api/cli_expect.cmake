@@ -1,7 +1,7 @@
 # Runs EXE with ARGS (a ;-list) and checks its exit code (CODE) and that its output (stdout and
-# stderr together) contains every string of EXPECT (a ;-list, taken literally). With JSON given, also checks that
-# the file JSON exists and contains every string of JSON_EXPECT.
-if(DEFINED JSON)
+# stderr together) contains every string of EXPECT (a ;-list, taken literally). With JSON given (not
+# empty), also checks that the file JSON exists and contains every string of JSON_EXPECT.
+if(JSON)
   file(REMOVE "${JSON}")
 endif()
 execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -16,7 +16,7 @@ foreach(pattern IN LISTS EXPECT)
     message(FATAL_ERROR "output does not contain '${pattern}'")
   endif()
 endforeach()
-if(DEFINED JSON)
+if(JSON)
   if(NOT EXISTS "${JSON}")
     message(FATAL_ERROR "${JSON} was not written")
   endif()
