@@ -1,0 +1,260 @@
+// The chunk step of the state pass and the pieces around it (state fragments, record offsets,
+// stage fills), shared by the per-(sequence, head) kernel (state_kernel.cu) and the persistent
+// one for many short sequences (state_persistent_kernel.cu). See state_kernel.cu for the math.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "gpu/prefill/chunk_record.cuh"
+#include "gpu/ptx/bulk_copy.cuh"
+#include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/movmatrix.cuh"
+#include "gpu/ptx/mma.cuh"
+
+namespace flashkda::gpu::state_pass {
+
+constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
+
+// Calls fn(nt, r, idx) for each pair of this lane's C fragments of state rows [row0, row0 + 16),
+// columns [col0, col0 + 8 kTiles): acc[nt][2r], acc[nt][2r + 1] are elements idx, idx + 1 of
+// the [.., 128] row-major state.
+template <int kTiles, typename Fn>
+__device__ __forceinline__ void for_each_state_pair(int64_t row0, int col0, int lane, Fn&& fn) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) fn(nt, r, (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4);
+}
+
+// Loads this lane's part of the state slice as C fragments (zeros without an initial state).
+template <int kTiles>
+__device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
+                                           int col0, int lane) {
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    float2 x = make_float2(0.0f, 0.0f);
+    if (state) {
+      if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
+      else x = ptx::unpack_bf16x2(__ldg(reinterpret_cast<const unsigned*>(static_cast<const uint16_t*>(state) + idx)));
+    }
+    acc[nt][2 * r] = x.x;
+    acc[nt][2 * r + 1] = x.y;
+  });
+}
+
+template <int kTiles>
+__device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
+                                            int col0, int lane) {
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+    else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+  });
+}
+
+// Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
+__device__ __forceinline__ void slice_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Exchange area of one value slice: each of the KS warps posts its partial X^T and O^T
+// fragments (16 floats a lane) as four float4 stored [vector][lane], conflict-free both ways.
+template <int KS>
+struct SliceExchange {
+  float4 part[KS][4][32];
+};
+
+// Byte offsets of this lane's fragment reads inside a chunk record, fixed for the whole
+// sequence: every read is one of these registers plus a compile-time immediate.
+struct LaneOffsets {
+  uint32_t wk;     // Wk entry of this warp's first channel tile, token half 0; + 4096 nt + 256 nl
+  uint32_t qe;     // Qe entry, same fragment;                                  + 2048 nt + 128 nl
+  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 256 nl + 128 kt
+  uint32_t m[2];   // M and W: row g, token k-tile kt;                          + 512 nt
+  uint32_t decay;  // exp(G_C): channel 8 tile0 + 2 t4;                         + 32 nl
+
+  template <int kTiles>
+  __device__ __forceinline__ void init(int lane, int kpart) {
+    const int g = lane >> 2, t4 = lane & 3, g1 = (g >> 1) & 1;
+    const int tile0 = kpart * kTiles;  // first channel tile of this warp
+    wk = ChunkRecord::kWk + fragment_entry(tile0, lane, 8);
+    qe = ChunkRecord::kQe + fragment_entry(tile0, lane, 4);
+    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane, 4);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
+    decay = ChunkRecord::kDecay + 4 * (8 * tile0 + 2 * t4);
+  }
+};
+
+// Two adjacent fp32 elements of a record tile (8-byte aligned by construction).
+__device__ __forceinline__ float2 load_pair(const uint8_t* p) { return *reinterpret_cast<const float2*>(p); }
+
+// Two adjacent bf16 elements of a record tile, widened to fp32 (exact in tf32).
+__device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
+  return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
+}
+
+// One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
+// [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are
+// m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
+// fragment is an A fragment as it stands, and every B fragment one shared-memory load (8 bytes
+// of fp32 or 4 of bf16, conflict-free in the record's fragment order).
+// OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs).
+template <int KS, typename OutT>
+__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
+                                           int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
+                                           int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
+  constexpr int kTiles = kNTiles / KS;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
+  // n-tile (8 channels) of S^T. Two accumulators per product and n-tile: four independent mma
+  // chains per product, enough beside the other warps of the scheduler (four accumulators
+  // measured 8% slower on P1: more registers and adds for no more overlap).
+  constexpr int kChains = 2;
+  static_assert(kTiles % kChains == 0, "whole chains");
+  float X[2][kChains][4] = {};
+  float Pc[2][kChains][4] = {};
+#pragma unroll
+  for (int nl = 0; nl < kTiles; ++nl) {
+    uint32_t a[4];
+    ptx::tf32_a_from_c(acc[nl], a);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 w = load_pair(rec + o.wk + 4096 * nt + 256 * nl);
+      const float2 e = load_bf16_pair(rec + o.qe + 2048 * nt + 128 * nl);
+      ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
+      ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
+    }
+  }
+  float Xs[2][4], P[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Xs[nt][i] = X[nt][0][i] + X[nt][1][i];
+      P[nt][i] = Pc[nt][0][i] + Pc[nt][1][i];
+    }
+
+  if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps (own one included)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      exchange->part[kpart][nt][lane] = make_float4(Xs[nt][0], Xs[nt][1], Xs[nt][2], Xs[nt][3]);
+      exchange->part[kpart][2 + nt][lane] = make_float4(P[nt][0], P[nt][1], P[nt][2], P[nt][3]);
+    }
+    slice_barrier(barrier_id, KS * 32);
+    const int parts = kpart == 0 ? 4 : 2;  // only part 0 stores the output and needs all of P
+#pragma unroll
+    for (int v4 = 0; v4 < 4; ++v4) {
+      if (v4 >= parts) break;
+      float4 sum = exchange->part[0][v4][lane];
+#pragma unroll
+      for (int other = 1; other < KS; ++other) {
+        const float4 x = exchange->part[other][v4][lane];
+        sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+      }
+      float(&dst)[4] = v4 < 2 ? Xs[v4] : P[v4 - 2];
+      dst[0] = sum.x, dst[1] = sum.y, dst[2] = sum.z, dst[3] = sum.w;
+    }
+  }
+
+  // (W V)^T = V^T W^T as C fragments (rows v, columns tokens): A = V^T from the chunk's v rows
+  // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
+  // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T -
+  // X^T, rounded to tf32 as the A fragments (k = tokens) of the state update.
+  float wv[2][4] = {};
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][128]
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    const int tok = kt * 8 + 2 * t4;
+    uint32_t a[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool live = tok + e < count;
+      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kHeadDim + vbase + g]} << 16 : 0u;
+      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kHeadDim + vbase + g + 8]} << 16 : 0u;
+      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
+      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
+      const float hi_x = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.x)) & 0xffffe000u);
+      const float hi_y = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.y)) & 0xffffe000u);
+      ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
+      ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
+    }
+  }
+  uint32_t ua[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    float u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u[i] = ptx::tf32_operand(wv[nt][i] - Xs[nt][i]);
+    ptx::tf32_a_from_c(u, ua[nt]);
+  }
+
+  // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
+#pragma unroll
+  for (int nl = 0; nl < kTiles; ++nl) {
+    const float2 d = load_pair(rec + o.decay + 32 * nl);
+    acc[nl][0] *= d.x;
+    acc[nl][1] *= d.y;
+    acc[nl][2] *= d.x;
+    acc[nl][3] *= d.y;
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      const float2 b = load_bf16_pair(rec + o.kr + 256 * nl + 128 * kt);
+      ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
+    }
+  }
+
+  if (kpart != 0) return;
+  // O^T += (W V)^T M^T (the intra-chunk part), then O^T fragments (rows v, columns tokens)
+  // transposed in registers to (token, v pair) and stored.
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    uint32_t a[4];
+    ptx::tf32_a_from_c(wv[kt], a);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 m = load_pair(rec + ChunkRecord::kM + o.m[kt] + 512 * nt);
+      ptx::mma_tf32_1688(P[nt], a, m.x, m.y);
+    }
+  }
+  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
+        if (token < count) out_chunk[token * out_row_stride + v] = P[nt][i];
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
+        const int token = nt * 8 + g;
+        if (token < count)
+          *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
+      }
+  }
+}
+
+// One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
+constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kChunk * kHeadDim * 2;
+
+// Fills a stage (one producer thread): the chunk record, and the chunk's 16 v rows of head h
+// as one tensor-map tile (rows past the problem's end arrive as zeros).
+__device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
+                                           const CUtensorMap* v_rows, int h, int64_t token0) {
+  ptx::mbarrier_arrive_expect_tx(full, kStageBytes);
+  ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
+  ptx::tensor_copy_3d_g2s(stage + ChunkRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
+}
+
+}  // namespace flashkda::gpu::state_pass
