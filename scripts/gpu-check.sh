@@ -62,7 +62,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         run_step "sanitizer $tool" "$OUT/sanitize.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_BIN" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3'
+          "$TEST_BIN" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm'
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tee -a "$summary"
       ;;

@@ -224,6 +224,74 @@ TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   unsetenv("FLASHKDA_SPLIT");
 }
 
+// The persistent state pass (a block per multiprocessor taking (sequence, head) items in turn,
+// the next item's initial state staged in shared memory): the launcher takes it for many short
+// sequences on many heads; FLASHKDA_PERSISTENT=1 forces it here.
+class GpuPrefillPersistent : public GpuPrefill {
+ protected:
+  void SetUp() override {
+    GpuPrefill::SetUp();
+    setenv("FLASHKDA_PERSISTENT", "1", 1);
+  }
+  void TearDown() override { unsetenv("FLASHKDA_PERSISTENT"); }
+};
+
+TEST_F(GpuPrefillPersistent, EdgeLengthsEveryStateForm) {
+  const std::vector<int64_t> lens = {20, 0, 1, 15, 16, 17, 33, 128};
+  expect_matches_oracle(packed(lens, 3, 500));
+  ProblemSpec f32 = packed(lens, 3, 501);  // fp32 states, int32 cu_seqlens
+  f32.init_dtype = f32.final_dtype = DType::kF32;
+  f32.cu_seqlens_dtype = DType::kI32;
+  expect_matches_oracle(f32);
+  ProblemSpec no_init = packed(lens, 3, 502);  // no initial state: items start from zero
+  no_init.init = InitState::kNone;
+  expect_matches_oracle(no_init);
+  ProblemSpec no_final = packed(lens, 3, 503);  // initial state only
+  no_final.final_state = false;
+  expect_matches_oracle(no_final);
+}
+
+// More items than blocks: every block runs several items through one pipeline and one staged
+// state buffer (the phase bookkeeping across items), fixed-length and packed.
+TEST_F(GpuPrefillPersistent, ManyItemsPerBlock) {
+  std::mt19937_64 rng(504);
+  std::vector<int64_t> lens(300);
+  for (int64_t& len : lens) len = static_cast<int64_t>(rng() % 49);  // 0..48 tokens
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    ProblemSpec s = packed(lens, 4, dtype == DType::kF32 ? 505 : 506);
+    s.init_dtype = s.final_dtype = dtype;
+    expect_matches_oracle(s);
+  }
+  ProblemSpec fixed;  // B = 64 rows of 128 tokens (P9's shape on 8 heads)
+  fixed.B = 64;
+  fixed.T = 128;
+  fixed.H = 8;
+  fixed.seed = 507;
+  fixed.init = InitState::kNormal;
+  fixed.init_dtype = fixed.final_dtype = DType::kBF16;
+  expect_matches_oracle(fixed);
+}
+
+// Three items a block at least, small enough for the sanitizers.
+TEST_F(GpuPrefillPersistent, ManyTinyItems) {
+  std::mt19937_64 rng(509);
+  std::vector<int64_t> lens(400);
+  for (int64_t& len : lens) len = static_cast<int64_t>(rng() % 6);  // 0..5 tokens
+  expect_matches_oracle(packed(lens, 1, 509));
+}
+
+TEST_F(GpuPrefillPersistent, LargeInitialStateLittleDecay) {
+  for (const DType dtype : {DType::kBF16, DType::kF32})
+    for (const float gc : {-8.0f, 0.0f}) {
+      ProblemSpec s = packed({100, 37, 0, 250}, 2, 508);
+      s.init = InitState::kLarge;
+      s.init_dtype = s.final_dtype = dtype;
+      s.g_input = GateInput::kConstant;
+      s.g_const = gc;
+      expect_matches_oracle(s);
+    }
+}
+
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 

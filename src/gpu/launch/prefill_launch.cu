@@ -84,6 +84,23 @@ bool use_split(const Problem& p) {
          p.total_tokens >= kSplitMinTokens;
 }
 
+// Persistent state pass (state_persistent_kernel.cu): many short sequences on many heads, where
+// the per-(sequence, head) blocks spend more on their pipeline fill and state load than on
+// their few chunk steps. Taken where the 8x1 layout is, every multiprocessor gets at least two
+// items, and sequences average at most kPersistentMaxMeanTokens tokens. FLASHKDA_PERSISTENT=0/1
+// forces it off/on (on: any problem the split pass does not take, for the tests).
+constexpr int64_t kPersistentMaxMeanTokens = 256;
+
+bool use_persistent(const Problem& p) {
+  if (const char* forced = std::getenv("FLASHKDA_PERSISTENT")) {
+    if (forced[0] == '0' || forced[0] == '1') return forced[0] == '1';
+    fail(ErrorCode::kInvalidArgument, "FLASHKDA_PERSISTENT: expected 0 or 1, got '", forced, "'");
+  }
+  const StateConfig c = state_config(p.N * p.H);
+  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * multiprocessor_count() &&
+         p.total_tokens <= kPersistentMaxMeanTokens * p.N;
+}
+
 // Workspace: chunk records, then for the split pass its fp32 buffers (StateSplit).
 struct WorkspaceLayout {
   size_t records = 0, states = 0, rows = 0;  // bytes of the records, of one [H,128,128], of one [total,H,128]
@@ -132,7 +149,8 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.final_state_dtype == DType::kF32,
                     p.out};
   if (layout.states == 0) {
-    launch_state(state, state_config(p.N * p.H), stream);
+    if (use_persistent(p)) launch_state_persistent(state, multiprocessor_count(), stream);
+    else launch_state(state, state_config(p.N * p.H), stream);
     return;
   }
 

@@ -1,0 +1,157 @@
+// Persistent form of the state pass, for many short sequences (PERFORMANCE.md's P9: 64 x 128
+// tokens on 32 heads).
+//
+// The per-(sequence, head) kernel (state_kernel.cu) starts every block with an empty pipeline
+// and a state load from device memory, and ends it with the pipeline drained: for 8-chunk
+// sequences that overhead outweighed the 8 chunk steps (23.6 us a block against 8 x 1.36 us),
+// and one 288-thread block per multiprocessor hides none of it. Here one block per
+// multiprocessor takes (sequence, head) items b, b + grid, ... with the 8x1 layout, and its
+// producer warp streams the items' chunks back to back through one pipeline. It also copies
+// each item's initial state into shared memory as soon as the consumers have read the previous
+// one, so an item starts from shared memory, never from a device-memory load.
+#include <cuda_runtime.h>
+
+#include "api/validate.h"
+#include "gpu/launch/per_device.h"
+#include "gpu/prefill/kernels.h"
+#include "gpu/prefill/state_step.cuh"
+
+namespace flashkda::gpu {
+namespace {
+
+using namespace state_pass;
+
+constexpr int kStages = 6;
+constexpr int kWarps = 8;  // 8 value slices of 16 columns: the whole head, all key channels
+constexpr int kThreads = (kWarps + 1) * 32;
+
+// The staged initial state: 128 rows (value columns) of one head's [V, K] state. Rows are
+// padded (bf16: 256 + 16 bytes, fp32: 512 + 32) so that the fragment reads below are
+// conflict-free (row g of a fragment starts 4 or 8 banks after row g - 1).
+__host__ __device__ constexpr uint32_t staged_row_bytes(bool f32) { return f32 ? 544 : 272; }
+constexpr uint32_t kStagedStateBytes = kHeadDim * staged_row_bytes(true);
+constexpr int kSmem = 128 + kStages * kStageBytes + kStagedStateBytes;
+
+// This lane's C fragments of value columns [vbase, vbase + 16) from the staged state.
+__device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], const uint8_t* staged, bool f32,
+                                                  int vbase, int lane) {
+  const uint32_t row_bytes = staged_row_bytes(f32);
+  for_each_state_pair<kNTiles>(vbase, 0, lane, [&](int nt, int r, int64_t idx) {
+    const uint8_t* row = staged + static_cast<uint32_t>(idx / kHeadDim) * row_bytes;
+    const uint32_t col = static_cast<uint32_t>(idx % kHeadDim);
+    const float2 x = f32 ? *reinterpret_cast<const float2*>(row + 4 * col)
+                         : ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(row + 2 * col));
+    acc[nt][2 * r] = x.x;
+    acc[nt][2 * r + 1] = x.y;
+  });
+}
+
+__global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __grid_constant__ StateParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = p.num_heads;
+  const int64_t items = p.seqs.num_seqs * H;  // item j: sequence j / H, head j % H
+  const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
+  const bool f32_in = p.initial_state_f32;
+
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
+  uint8_t* staged = smem + kStages * kStageBytes;
+  __shared__ uint64_t full[kStages], empty[kStages], state_full, state_empty;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], kWarps * 32);  // every consumer thread releases the stage
+    }
+    ptx::mbarrier_init(&state_full, 1);
+    ptx::mbarrier_init(&state_empty, kWarps * 32);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (warp == kWarps) {  // producer warp: lane 0 fills stages, all lanes copy the state rows
+    int s = 0;
+    uint32_t parity = 0, fills = 0, item = 0;
+    for (int64_t j = blockIdx.x; j < items; j += gridDim.x, ++item) {
+      const int h = static_cast<int>(j % H);
+      const int64_t n = j / H;
+      if (p.initial_state) {
+        // The consumers read the previous item's state before its first chunk step.
+        if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
+        const uint32_t row_bytes = f32_in ? 512 : 256;
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(&state_full, kHeadDim * row_bytes);
+        __syncwarp();
+        const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + j * kHeadDim * int64_t{row_bytes};
+        for (int row = lane; row < kHeadDim; row += 32)
+          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, &state_full);
+      }
+      if (lane != 0) continue;
+      int64_t bos, eos;
+      p.seqs.bounds(n, bos, eos);
+      const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+      const uint8_t* records = p.records + p.seqs.first_slot(n, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+      for (int c = 0; c < num_chunks; ++c, ++fills) {
+        if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
+        fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
+                   bos + int64_t{c} * kChunk);
+        if (++s == kStages) {
+          s = 0;
+          parity ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  const int vbase = warp * 16;
+  LaneOffsets offsets;
+  offsets.init<kNTiles>(lane, 0);
+  const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
+  int s = 0;
+  uint32_t parity = 0, item = 0;
+  float acc[kNTiles][4];
+#pragma unroll 1
+  for (int64_t j = blockIdx.x; j < items; j += gridDim.x, ++item) {
+    if (p.initial_state) {
+      ptx::mbarrier_wait_parity(&state_full, item & 1);
+      load_staged_state(acc, staged, f32_in, vbase, lane);
+      ptx::mbarrier_arrive(&state_empty);
+    } else {
+      load_state(acc, nullptr, false, 0, 0, lane);  // zeros
+    }
+    const int h = static_cast<int>(j % H);
+    int64_t bos, eos;
+    p.seqs.bounds(j / H, bos, eos);
+    const int len = static_cast<int>(eos - bos);  // < 2^31 tokens
+    uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
+    for (int c = 0; c * kChunk < len; ++c) {
+      ptx::mbarrier_wait_parity(&full[s], parity);
+      const int left = len - c * kChunk;
+      chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
+                    out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
+      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
+    }
+    if (p.final_state)
+      store_state(acc, p.final_state, p.final_state_f32, j * kHeadDim + vbase, 0, lane);
+  }
+}
+
+}  // namespace
+
+void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
+  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
+  raised.run("persistent state kernel: setting its shared memory size", [] {
+    return cudaFuncSetAttribute(state_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  const int64_t items = p.seqs.num_seqs * p.num_heads;
+  const int64_t blocks = items < sms ? items : sms;  // one block per multiprocessor (shared memory)
+  if (blocks == 0) return;
+  state_persistent_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "persistent state kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace flashkda::gpu
