@@ -224,9 +224,9 @@ TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   unsetenv("FLASHKDA_SPLIT");
 }
 
-// The persistent state pass (a block per multiprocessor taking (sequence, head) items in turn,
-// the next item's initial state staged in shared memory): the launcher takes it for many short
-// sequences on many heads; FLASHKDA_PERSISTENT=1 forces it here.
+// The persistent state pass (a block per multiprocessor taking (sequence, head) items from a
+// counter, each item's initial state staged in shared memory): the launcher takes it for at
+// least twice as many items as multiprocessors; FLASHKDA_PERSISTENT=1 forces it here.
 class GpuPrefillPersistent : public GpuPrefill {
  protected:
   void SetUp() override {

@@ -84,32 +84,33 @@ bool use_split(const Problem& p) {
          p.total_tokens >= kSplitMinTokens;
 }
 
-// Persistent state pass (state_persistent_kernel.cu): many short sequences on many heads, where
-// the per-(sequence, head) blocks spend more on their pipeline fill and state load than on
-// their few chunk steps. Taken where the 8x1 layout is, every multiprocessor gets at least two
-// items, and sequences average at most kPersistentMaxMeanTokens tokens. FLASHKDA_PERSISTENT=0/1
-// forces it off/on (on: any problem the split pass does not take, for the tests).
-constexpr int64_t kPersistentMaxMeanTokens = 256;
-
+// Persistent state pass (state_persistent_kernel.cu): with more (sequence, head) items than
+// multiprocessors, one block per multiprocessor taking items from a counter keeps its pipeline
+// full across items, where a block per item starts empty and loads its state. Measured faster
+// on every case with at least 2x the items (P2, P3, P5, P6, P9: 384 to 2048 items); taken there
+// with the 8x1 layout. FLASHKDA_PERSISTENT=0/1 forces it off/on (on: any problem with tokens
+// that the split pass does not take, for the tests).
 bool use_persistent(const Problem& p) {
+  if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
   if (const char* forced = std::getenv("FLASHKDA_PERSISTENT")) {
     if (forced[0] == '0' || forced[0] == '1') return forced[0] == '1';
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_PERSISTENT: expected 0 or 1, got '", forced, "'");
   }
   const StateConfig c = state_config(p.N * p.H);
-  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * multiprocessor_count() &&
-         p.total_tokens <= kPersistentMaxMeanTokens * p.N;
+  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * multiprocessor_count();
 }
 
-// Workspace: chunk records, then for the split pass its fp32 buffers (StateSplit).
+// Workspace: chunk records, then the persistent pass's item counter or the split pass's fp32
+// buffers (StateSplit).
 struct WorkspaceLayout {
-  size_t records = 0, states = 0, rows = 0;  // bytes of the records, of one [H,128,128], of one [total,H,128]
-  size_t total() const { return records + 3 * states + 2 * rows; }
+  size_t records = 0, counter = 0, states = 0, rows = 0;  // bytes: records, counter, one [H,128,128], one [total,H,128]
+  size_t total() const { return records + counter + 3 * states + 2 * rows; }
 };
 
 WorkspaceLayout workspace_layout(const Problem& p) {
   WorkspaceLayout w;
   w.records = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
+  if (!use_split(p) && use_persistent(p)) w.counter = 128;
   if (use_split(p)) {
     w.states = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     w.rows = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -135,8 +136,9 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
   const SequenceTable seqs = sequence_table(p);
   auto* records = static_cast<uint8_t*>(workspace);
   if (p.total_tokens > 0) {
+    auto* counter = layout.counter ? reinterpret_cast<unsigned long long*>(records + layout.records) : nullptr;
     PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.scale,
-                    static_cast<int>(p.H), seqs, records};
+                    static_cast<int>(p.H), seqs, records, counter};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, kChunk),
@@ -148,9 +150,13 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
                     p.out};
+  if (layout.counter) {  // the prep kernel above zeroed it
+    state.item_counter = reinterpret_cast<unsigned long long*>(records + layout.records);
+    launch_state_persistent(state, multiprocessor_count(), stream);
+    return;
+  }
   if (layout.states == 0) {
-    if (use_persistent(p)) launch_state_persistent(state, multiprocessor_count(), stream);
-    else launch_state(state, state_config(p.N * p.H), stream);
+    launch_state(state, state_config(p.N * p.H), stream);
     return;
   }
 

@@ -21,6 +21,7 @@ struct PrepParams {
   int num_heads;
   SequenceTable seqs;
   uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+  unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
 };
 
 // Buffers of the segment-parallel state pass (all fp32, in the workspace; see state_kernel.cu):
@@ -46,6 +47,7 @@ struct StateParams {
   bool final_state_f32;
   uint16_t* out;               // [total, H, 128] bf16
   StateSplit split;
+  unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
 };
 
 // Y = Z + X M (or X M^T) for rows of per-head [rows, 128] X, Z, Y and a per-head [128, 128] M;

@@ -63,6 +63,8 @@ __device__ __forceinline__ void load_a(const float (*m)[kStride], int col0, int 
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
+  // The persistent state pass that follows in the stream counts its items from zero.
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) *p.item_counter = 0;
   int64_t t0;
   int count;
   locate_slot(p.seqs, slot, t0, count);

@@ -1,14 +1,14 @@
-// Persistent form of the state pass, for many short sequences (PERFORMANCE.md's P9: 64 x 128
-// tokens on 32 heads).
+// Persistent form of the state pass, for more (sequence, head) items than multiprocessors.
 //
 // The per-(sequence, head) kernel (state_kernel.cu) starts every block with an empty pipeline
 // and a state load from device memory, and ends it with the pipeline drained: for 8-chunk
-// sequences that overhead outweighed the 8 chunk steps (23.6 us a block against 8 x 1.36 us),
-// and one 288-thread block per multiprocessor hides none of it. Here one block per
-// multiprocessor takes (sequence, head) items b, b + grid, ... with the 8x1 layout, and its
-// producer warp streams the items' chunks back to back through one pipeline. It also copies
-// each item's initial state into shared memory as soon as the consumers have read the previous
-// one, so an item starts from shared memory, never from a device-memory load.
+// sequences (PERFORMANCE.md's P9) that overhead outweighed the 8 chunk steps (23.6 us a block
+// against 8 x 1.36 us), and one 288-thread block per multiprocessor hides none of it. Here one
+// block per multiprocessor (8x1 layout) takes item blockIdx.x, then items from a counter in the
+// workspace (zeroed by the prep kernel), so long and short items balance as the hardware's block
+// scheduler would balance them; its producer warp streams the items' chunks back to back through
+// one pipeline, and copies each item's initial state into shared memory as soon as the
+// consumers have read the previous one, so no item starts with a device-memory load.
 #include <cuda_runtime.h>
 
 #include "api/validate.h"
@@ -56,7 +56,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
   uint8_t* staged = smem + kStages * kStageBytes;
+  // state_full / state_empty hand over one item at a time: its number (item_slot; -1 ends the
+  // loop) and, with an initial state, its staged copy.
   __shared__ uint64_t full[kStages], empty[kStages], state_full, state_empty;
+  __shared__ volatile int64_t item_slot[1];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
@@ -68,38 +71,52 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   }
   __syncthreads();
 
-  if (warp == kWarps) {  // producer warp: lane 0 fills stages, all lanes copy the state rows
+  if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
     int s = 0;
-    uint32_t parity = 0, fills = 0, item = 0;
-    for (int64_t j = blockIdx.x; j < items; j += gridDim.x, ++item) {
-      const int h = static_cast<int>(j % H);
-      const int64_t n = j / H;
+    uint32_t parity = 0, fills = 0;
+    int64_t j = blockIdx.x;  // first item by block index, the rest from the shared counter
+    for (uint32_t item = 0;; ++item) {
+      // The consumers read the previous item's number and state before its first chunk step.
+      if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
+      if (j >= items) {
+        if (lane == 0) {
+          *item_slot = -1;  // no more items
+          ptx::mbarrier_arrive(&state_full);
+        }
+        return;
+      }
+      if (lane == 0) *item_slot = j;  // published by the arrive below (release)
       if (p.initial_state) {
-        // The consumers read the previous item's state before its first chunk step.
-        if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
         const uint32_t row_bytes = f32_in ? 512 : 256;
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(&state_full, kHeadDim * row_bytes);
         __syncwarp();
         const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + j * kHeadDim * int64_t{row_bytes};
         for (int row = lane; row < kHeadDim; row += 32)
           ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, &state_full);
+      } else if (lane == 0) {
+        ptx::mbarrier_arrive(&state_full);
       }
-      if (lane != 0) continue;
-      int64_t bos, eos;
-      p.seqs.bounds(n, bos, eos);
-      const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
-      const uint8_t* records = p.records + p.seqs.first_slot(n, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
-      for (int c = 0; c < num_chunks; ++c, ++fills) {
-        if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
-        fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
-                   bos + int64_t{c} * kChunk);
-        if (++s == kStages) {
-          s = 0;
-          parity ^= 1;
+      int64_t next = 0;
+      if (lane == 0) {
+        const int h = static_cast<int>(j % H);
+        int64_t bos, eos;
+        p.seqs.bounds(j / H, bos, eos);
+        const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+        const uint8_t* records =
+            p.records + p.seqs.first_slot(j / H, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+        for (int c = 0; c < num_chunks; ++c, ++fills) {
+          if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
+          fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
+                     bos + int64_t{c} * kChunk);
+          if (++s == kStages) {
+            s = 0;
+            parity ^= 1;
+          }
         }
+        next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
       }
+      j = __shfl_sync(0xffffffffu, next, 0);
     }
-    return;
   }
 
   const int vbase = warp * 16;
@@ -107,17 +124,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   offsets.init<kNTiles>(lane, 0);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   int s = 0;
-  uint32_t parity = 0, item = 0;
+  uint32_t parity = 0;
   float acc[kNTiles][4];
 #pragma unroll 1
-  for (int64_t j = blockIdx.x; j < items; j += gridDim.x, ++item) {
-    if (p.initial_state) {
-      ptx::mbarrier_wait_parity(&state_full, item & 1);
-      load_staged_state(acc, staged, f32_in, vbase, lane);
-      ptx::mbarrier_arrive(&state_empty);
-    } else {
-      load_state(acc, nullptr, false, 0, 0, lane);  // zeros
-    }
+  for (uint32_t item = 0;; ++item) {
+    ptx::mbarrier_wait_parity(&state_full, item & 1);
+    const int64_t j = *item_slot;
+    if (j < 0) break;
+    if (p.initial_state) load_staged_state(acc, staged, f32_in, vbase, lane);
+    else load_state(acc, nullptr, false, 0, 0, lane);  // zeros
+    ptx::mbarrier_arrive(&state_empty);
     const int h = static_cast<int>(j % H);
     int64_t bos, eos;
     p.seqs.bounds(j / H, bos, eos);
@@ -134,8 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         parity ^= 1;
       }
     }
-    if (p.final_state)
-      store_state(acc, p.final_state, p.final_state_f32, j * kHeadDim + vbase, 0, lane);
+    if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, j * kHeadDim + vbase, 0, lane);
   }
 }
 
