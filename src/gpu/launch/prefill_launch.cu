@@ -152,11 +152,11 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.out};
   if (layout.counter) {  // the prep kernel above zeroed it
     state.item_counter = reinterpret_cast<unsigned long long*>(records + layout.records);
-    launch_state_persistent(state, multiprocessor_count(), stream, true);
+    launch_state_persistent(state, multiprocessor_count(), stream);
     return;
   }
   if (layout.states == 0) {
-    launch_state(state, state_config(p.N * p.H), stream, p.total_tokens > 0);
+    launch_state(state, state_config(p.N * p.H), stream);
     return;
   }
 
@@ -166,7 +166,7 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
   const int64_t row_elems = static_cast<int64_t>(layout.rows / sizeof(float));
   state.split = {buffers, buffers + state_elems, buffers + 2 * state_elems, buffers + 3 * state_elems,
                  buffers + 3 * state_elems + row_elems};
-  launch_state(state, StateConfig{1, 4}, stream, p.total_tokens > 0);
+  launch_state(state, StateConfig{1, 4}, stream);
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   StitchParams rows{state.split.out_a, state.split.mid_state, state.split.out_b, p.out, false, true,

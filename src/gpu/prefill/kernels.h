@@ -77,11 +77,8 @@ struct StateConfig {
 // Prep: grid (slots, H), 128 threads. State pass: see state_kernel.cu; its persistent form
 // (8x1 layout, min(N H, sms) blocks; no split): see state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
-// overlap_prep: the prep kernel was launched just before in the stream; the state kernels may
-// then start while it finishes (programmatic dependent launch) and wait for it before reading
-// its records.
-void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream, bool overlap_prep);
-void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream, bool overlap_prep);
+void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
+void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

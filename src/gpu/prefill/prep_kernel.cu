@@ -7,7 +7,6 @@
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/grid_dependency.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -62,7 +61,6 @@ __device__ __forceinline__ void load_a(const float (*m)[kStride], int col0, int 
 }
 
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
-  ptx::griddep_launch_dependents();  // the state kernel may start its set-up (it waits for the records)
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
   // The persistent state pass that follows in the stream counts its items from zero.

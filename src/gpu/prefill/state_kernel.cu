@@ -15,11 +15,9 @@
 #include <cuda_runtime.h>
 
 #include "api/validate.h"
-#include "gpu/launch/launch_kernel.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
-#include "gpu/ptx/grid_dependency.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -89,7 +87,6 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   };
   if (warp == kWarps) {  // producer
     if (lane != 0) return;
-    ptx::griddep_wait();  // the records come from the prep kernel (launch_state: overlap_prep)
     int s = 0;
     uint32_t parity = 0;
     // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
 }
 
 template <int VW, int KS, int STAGES, bool kSplit>
-void launch_state_config(const StateParams& p, cudaStream_t stream, bool overlap_prep) {
+void launch_state_config(const StateParams& p, cudaStream_t stream) {
   constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
@@ -154,27 +151,27 @@ void launch_state_config(const StateParams& p, cudaStream_t stream, bool overlap
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 3 : 1);
-  const cudaError_t err = launch_kernel(state_kernel<VW, KS, STAGES, kSplit>, grid, dim3((VW * KS + 1) * 32), kSmem,
-                                        stream, overlap_prep, p);
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
+  state_kernel<VW, KS, STAGES, kSplit><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
 
-void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream, bool overlap_prep) {
+void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
   // Stages: as many 31.5 KB stages as shared memory holds at the blocks per multiprocessor that
   // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages; 4x1: two blocks, 3).
   if (p.split.mid_state) {  // the segment-parallel form exists for the few-heads layout only
     if (config.value_slices != 1 || config.key_parts != 4)
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 layout only");
-    launch_state_config<1, 4, 6, true>(p, stream, overlap_prep);
-  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream, overlap_prep);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream, overlap_prep);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream, overlap_prep);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6, false>(p, stream, overlap_prep);
+    launch_state_config<1, 4, 6, true>(p, stream);
+  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6, false>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu

@@ -12,11 +12,9 @@
 #include <cuda_runtime.h>
 
 #include "api/validate.h"
-#include "gpu/launch/launch_kernel.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
-#include "gpu/ptx/grid_dependency.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -98,9 +96,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       } else if (lane == 0) {
         ptx::mbarrier_arrive(&state_full);
       }
-      // The records and the item counter come from the prep kernel (overlap_prep): the first
-      // item's state copy above may run while it finishes, nothing after.
-      if (item == 0) ptx::griddep_wait();
       int64_t next = 0;
       if (lane == 0) {
         const int h = static_cast<int>(j % H);
@@ -161,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 
 }  // namespace
 
-void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream, bool overlap_prep) {
+void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("persistent state kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(state_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -169,8 +164,8 @@ void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream,
   const int64_t items = p.seqs.num_seqs * p.num_heads;
   const int64_t blocks = items < sms ? items : sms;  // one block per multiprocessor (shared memory)
   if (blocks == 0) return;
-  const cudaError_t err = launch_kernel(state_persistent_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
-                                        kSmem, stream, overlap_prep, p);
+  state_persistent_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "persistent state kernel launch failed: ", cudaGetErrorString(err));
 }
 
