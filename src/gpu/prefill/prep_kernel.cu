@@ -7,6 +7,7 @@
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/fast_math.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -41,7 +42,7 @@ struct PrepSmem {
     float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
   float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
-  float rnorm[2 * kChunk];                // 1/||q_t||, then 1/||k_t||
+  float rnorm[2 * kChunk];                // scale/||q_t||, then 1/||k_t||
   float beta[kChunk];
   alignas(16) float L[kChunk][kSmallStride];
   alignas(16) float M[kChunk][kSmallStride];
@@ -115,45 +116,47 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = (c >> 4) + 8 * r;
-        sm.rnorm[row] = rsqrtf(ss[0][r] + 1e-6f);
+        sm.rnorm[row] = p.scale * rsqrtf(ss[0][r] + 1e-6f);
         sm.rnorm[kChunk + row] = rsqrtf(ss[1][r] + 1e-6f);
       }
     if (c < kChunk) {
       const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p.beta) + (t0 + c) * H + h)) : 0.0f;
-      sm.beta[c] = c < count ? 1.0f / (1.0f + __expf(-b)) : 0.0f;
+      sm.beta[c] = c < count ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * b)) : 0.0f;
     }
   }
   __syncthreads();
 
-  // Phase 2: thread c takes key channel c (and value channel c) of the 16 tokens.
-  float q[kChunk], k[kChunk], G[kChunk];
+  // Phase 2: thread c takes key channel c (and value channel c) of the 16 tokens. The log-decay
+  // is kept in base 2 (G2 = G log2(e)), so each exponential below is one exp2 instruction.
+  float q[kChunk], k[kChunk], G2[kChunk];
   {
-    const float expA = __expf(__ldg(p.A_log + h));
+    const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
     const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+    const float lb_log2e = ptx::kLog2e * p.lower_bound;
     float run = 0.0f;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       q[t] = bf16_to_float(sm.in[0][t][c]);
       k[t] = bf16_to_float(sm.in[1][t][c]);
-      // safe gate a = lower_bound * sigmoid(exp(A_log) (g + dt_bias)); padding rows: a = 0
-      const float x = expA * (bf16_to_float(sm.in[2][t][c]) + bias);
-      const float a = t < count ? __fdividef(p.lower_bound, 1.0f + __expf(-x)) : 0.0f;
-      G[t] = (run += a);  // cumulative log-decay G_t
+      // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0
+      const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (bf16_to_float(sm.in[2][t][c]) + bias));  // e^-x
+      const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
+      G2[t] = (run += a2);  // cumulative log-decay G_t, base 2
     }
   }
   __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
 
   // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
   // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
-  const float e_C = __expf(G[kChunk - 1]);  // decay of the whole chunk, exp(G_C)
+  const float e_C = ptx::exp2_ftz(G2[kChunk - 1]);  // decay of the whole chunk, exp(G_C)
   float kr[kChunk];
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) {
     const float kh = k[t] * sm.rnorm[kChunk + t];
-    const float e = __expf(G[t]), e_inv = __expf(-G[t]);
+    const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
     kr[t] = kh * (e_C * e_inv);
     k[t] = kh * e;
-    q[t] = p.scale * q[t] * sm.rnorm[t] * e;
+    q[t] = q[t] * sm.rnorm[t] * e;  // rnorm holds scale / ||q||
     sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
     sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
     sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
