@@ -110,10 +110,11 @@ struct WorkspaceLayout {
 WorkspaceLayout workspace_layout(const Problem& p) {
   WorkspaceLayout w;
   w.records = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
-  if (!use_split(p) && use_persistent(p)) w.counter = 128;
   if (use_split(p)) {
     w.states = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     w.rows = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
+  } else if (use_persistent(p)) {
+    w.counter = 128;  // one 8-byte counter on a 128-byte line of its own
   }
   return w;
 }

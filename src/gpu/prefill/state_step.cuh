@@ -1,6 +1,7 @@
 // The chunk step of the state pass and the pieces around it (state fragments, record offsets,
 // stage fills), shared by the per-(sequence, head) kernel (state_kernel.cu) and the persistent
-// one for many short sequences (state_persistent_kernel.cu). See state_kernel.cu for the math.
+// one for many (sequence, head) items (state_persistent_kernel.cu). See state_kernel.cu for the
+// math.
 #pragma once
 
 #include <cuda.h>
