@@ -1,5 +1,5 @@
-// "Once per device" for host-side set-up (kernel attributes): the flag is per device because
-// function attributes belong to the current device's context.
+// Values read or set up once per device on the host (kernel attributes, device properties):
+// per device because they belong to the current device's context.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,24 +10,46 @@
 
 namespace flashkda::gpu {
 
-class PerDeviceOnce {
+template <typename T>
+class PerDevice {
  public:
-  // Calls fn() (returning cudaError_t) unless it already succeeded on the current device;
-  // `what` names the step in the error.
+  // The current device's value: fn(T&) (returning cudaError_t) computes it unless it already
+  // succeeded on this device; `what` names the step in the error.
   template <typename Fn>
-  void run(const char* what, Fn&& fn) {
+  T get(const char* what, Fn&& fn) {
     int device = 0;
-    cudaGetDevice(&device);
+    if (cudaGetDevice(&device) != cudaSuccess) fail(ErrorCode::kCudaError, what, ": cannot read the current device");
     const bool cached = device >= 0 && device < kMaxDevices;
-    if (cached && done_[device].load(std::memory_order_acquire)) return;
-    const cudaError_t err = fn();
+    if (cached && ready_[device].load(std::memory_order_acquire)) return value_[device].load(std::memory_order_relaxed);
+    T value{};
+    const cudaError_t err = fn(value);
     if (err != cudaSuccess) fail(ErrorCode::kCudaError, what, " failed: ", cudaGetErrorString(err));
-    if (cached) done_[device].store(true, std::memory_order_release);
+    if (cached) {
+      value_[device].store(value, std::memory_order_relaxed);
+      ready_[device].store(true, std::memory_order_release);
+    }
+    return value;
   }
 
  private:
   static constexpr int kMaxDevices = 64;
-  std::atomic<bool> done_[kMaxDevices] = {};
+  std::atomic<T> value_[kMaxDevices] = {};
+  std::atomic<bool> ready_[kMaxDevices] = {};
+};
+
+// Set-up that runs once per device: fn() returns cudaError_t.
+class PerDeviceOnce {
+ public:
+  template <typename Fn>
+  void run(const char* what, Fn&& fn) {
+    done_.get(what, [&](bool& done) {
+      done = true;
+      return fn();
+    });
+  }
+
+ private:
+  PerDevice<bool> done_;
 };
 
 }  // namespace flashkda::gpu

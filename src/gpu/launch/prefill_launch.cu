@@ -2,12 +2,12 @@
 // allocation and no host synchronisation happen here.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
 #include "api/validate.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/launch/per_device.h"
 #include "gpu/launch/tensor_map.h"
 #include "gpu/prefill/kernels.h"
 
@@ -27,18 +27,12 @@ SequenceTable sequence_table(const Problem& p) {
 // Multiprocessors of the current device, read once per device (forward's host time is GPU
 // idle time for a caller who waits on it).
 int multiprocessor_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess)
-    fail(ErrorCode::kCudaError, "cannot read the current device");
-  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) > 0)
-    return cached[device].load(std::memory_order_relaxed);
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    fail(ErrorCode::kCudaError, "cannot read the multiprocessor count of the current device");
-  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
+  static PerDevice<int> sms;
+  return sms.get("reading the multiprocessor count of the current device", [](int& count) {
+    int device = 0;
+    const cudaError_t err = cudaGetDevice(&device);
+    return err == cudaSuccess ? cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) : err;
+  });
 }
 
 // State-pass layout. The pass is a chain of dependent chunk steps per (sequence, head), so it
