@@ -183,15 +183,25 @@ TEST_P(GpuPrefillLayout, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4"));
 
-// The segment-parallel state pass (one sequence split at its middle chunk, three runs stitched):
-// the launcher takes it for a long sequence on few heads; FLASHKDA_SPLIT=1 forces it here.
-class GpuPrefillSplit : public GpuPrefill, public ::testing::WithParamInterface<int64_t> {
+// A suite that forces one launcher path on (its variable set to 1) for each of its tests.
+class GpuPrefillForced : public GpuPrefill {
  protected:
+  explicit GpuPrefillForced(const char* variable) : variable_(variable) {}
   void SetUp() override {
     GpuPrefill::SetUp();
-    setenv("FLASHKDA_SPLIT", "1", 1);
+    setenv(variable_, "1", 1);
   }
-  void TearDown() override { unsetenv("FLASHKDA_SPLIT"); }
+  void TearDown() override { unsetenv(variable_); }
+
+ private:
+  const char* variable_;
+};
+
+// The segment-parallel state pass (one sequence split at its middle chunk, three runs stitched):
+// the launcher takes it for a long sequence on few heads; FLASHKDA_SPLIT=1 forces it here.
+class GpuPrefillSplit : public GpuPrefillForced, public ::testing::WithParamInterface<int64_t> {
+ protected:
+  GpuPrefillSplit() : GpuPrefillForced("FLASHKDA_SPLIT") {}
 };
 
 TEST_P(GpuPrefillSplit, MatchesOracle) {
@@ -227,13 +237,9 @@ TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
 // The persistent state pass (a block per multiprocessor taking (sequence, head) items from a
 // counter, each item's initial state staged in shared memory): the launcher takes it for at
 // least twice as many items as multiprocessors; FLASHKDA_PERSISTENT=1 forces it here.
-class GpuPrefillPersistent : public GpuPrefill {
+class GpuPrefillPersistent : public GpuPrefillForced {
  protected:
-  void SetUp() override {
-    GpuPrefill::SetUp();
-    setenv("FLASHKDA_PERSISTENT", "1", 1);
-  }
-  void TearDown() override { unsetenv("FLASHKDA_PERSISTENT"); }
+  GpuPrefillPersistent() : GpuPrefillForced("FLASHKDA_PERSISTENT") {}
 };
 
 TEST_F(GpuPrefillPersistent, EdgeLengthsEveryStateForm) {

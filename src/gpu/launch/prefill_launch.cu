@@ -59,6 +59,14 @@ StateConfig state_config(int64_t seq_heads) {
   return choose_state_config(seq_heads, multiprocessor_count());
 }
 
+// An on/off override of a launcher choice (tests force each path): "0" or "1", or unset (-1).
+int forced_switch(const char* name) {
+  const char* forced = std::getenv(name);
+  if (!forced) return -1;
+  if (forced[0] == '0' || forced[0] == '1') return forced[0] - '0';
+  fail(ErrorCode::kInvalidArgument, name, ": expected 0 or 1, got '", forced, "'");
+}
+
 // Segment-parallel state pass (StateSplit in kernels.h): one sequence, few heads, long. The
 // chain of T/16 steps is the whole cost there and most multiprocessors idle; splitting it in
 // two runs three half-length chains at once (3x the blocks of the 1x4 layout must fit one wave)
@@ -68,10 +76,7 @@ constexpr int64_t kSplitMinTokens = 4096;
 
 bool use_split(const Problem& p) {
   if (p.N != 1) return false;
-  if (const char* forced = std::getenv("FLASHKDA_SPLIT")) {
-    if (forced[0] == '0' || forced[0] == '1') return forced[0] == '1';
-    fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT: expected 0 or 1, got '", forced, "'");
-  }
+  if (const int forced = forced_switch("FLASHKDA_SPLIT"); forced >= 0) return forced == 1;
   const StateConfig c = state_config(p.H);
   const int64_t blocks = p.H * (8 / c.value_slices);
   return c.value_slices == 1 && c.key_parts == 4 && 3 * blocks <= multiprocessor_count() &&
@@ -86,10 +91,7 @@ bool use_split(const Problem& p) {
 // that the split pass does not take, for the tests).
 bool use_persistent(const Problem& p) {
   if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
-  if (const char* forced = std::getenv("FLASHKDA_PERSISTENT")) {
-    if (forced[0] == '0' || forced[0] == '1') return forced[0] == '1';
-    fail(ErrorCode::kInvalidArgument, "FLASHKDA_PERSISTENT: expected 0 or 1, got '", forced, "'");
-  }
+  if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
   const StateConfig c = state_config(p.N * p.H);
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * multiprocessor_count();
 }
