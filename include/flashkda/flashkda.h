@@ -26,14 +26,16 @@ enum class Backend : int32_t { kNone = 0, kCpu = 1, kCuda = 2 };
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
-// A view of a dense row-major tensor. data == nullptr means "not given" for optional tensors.
+// A view of a dense row-major tensor. A default Tensor (no data, no dimensions) means "not
+// given" for optional tensors; a tensor with dimensions is given even when it has no elements
+// (an empty framework tensor has a null data pointer), and is then checked like any other.
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::kBF16;
   int32_t ndim = 0;
   int64_t shape[4] = {0, 0, 0, 0};
 
-  bool given() const { return data != nullptr; }
+  bool given() const { return data != nullptr || ndim > 0; }
   int64_t numel() const;
 };
 

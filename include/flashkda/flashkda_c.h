@@ -22,7 +22,8 @@ enum {
   FLASHKDA_ERR_INTERNAL = 5
 };
 
-/* A dense row-major tensor; data == NULL means "not given" for optional tensors. */
+/* A dense row-major tensor. An optional tensor with data == NULL and ndim == 0 is "not given"; one
+   with dimensions is given even when empty (and then checked like any other). */
 typedef struct flashkda_tensor {
   void* data;
   int32_t dtype;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 #include <utility>
 
 namespace flashkda {
@@ -25,7 +26,7 @@ std::string dims_string(std::initializer_list<int64_t> dims) {
 
 // A required tensor left as a default Tensor (no data, no dimensions) is "missing", not "wrong dtype".
 void check_given(const char* name, const Tensor& t) {
-  if (!t.data && t.ndim == 0) fail(ErrorCode::kInvalidArgument, name, ": required tensor is missing");
+  if (!t.given()) fail(ErrorCode::kInvalidArgument, name, ": required tensor is missing");
 }
 
 std::string dtype_string(DType t) {
@@ -48,6 +49,13 @@ void check_ndim(const char* name, const Tensor& t, int ndim, const char* layout)
   for (int i = 0; i < ndim; ++i)
     if (t.shape[i] < 0)
       fail(ErrorCode::kInvalidArgument, name, ": dimension ", i, " is negative in shape ", shape_string(t));
+  // Every size the backends derive (offsets, byte counts, loop bounds) is a product of these
+  // dimensions: a tensor whose byte size fits in int64 keeps all of them in range.
+  int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int i = 0; i < ndim; ++i)
+    if (__builtin_mul_overflow(bytes, t.shape[i], &bytes))
+      fail(ErrorCode::kInvalidArgument, name, ": shape ", shape_string(t), " of ", dtype_string(t.dtype),
+           " is too large: its size in bytes overflows 64 bits");
 }
 
 void check_shape(const char* name, const Tensor& t, std::initializer_list<int64_t> dims, const char* layout) {
@@ -89,6 +97,49 @@ void check_state(const char* name, const Tensor& t, int64_t N, int64_t H, int64_
   check_dtype(name, t, {DType::kBF16, DType::kF32});
   check_shape(name, t, {N, H, V, K}, "[N, H, V, K]");
   check_data(name, t, kActivationAlignment);
+}
+
+// The bytes [begin, end) a validated tensor spans (empty when it has no data).
+struct Extent {
+  const char* name;
+  uintptr_t begin, end;
+};
+
+Extent extent_of(const char* name, const Tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  if (!t.data) return {name, 0, 0};
+  return {name, begin, begin + static_cast<uintptr_t>(t.numel()) * dtype_size(t.dtype)};
+}
+
+// Outputs may not overlap an input or each other, except as the exact aliases the kernels
+// support: out in place of q, k or g (read only by the token-parallel pass, before any output
+// row is written), final_state in place of initial_state (each slice is read before it is
+// written). v is not among them: the state pass streams v rows while other blocks of the same
+// head write out.
+void check_overlaps(const ForwardArgs& a) {
+  const Extent outputs[] = {extent_of("out", a.out), extent_of("final_state", a.final_state)};
+  const Extent inputs[] = {extent_of("q", a.q),         extent_of("k", a.k),
+                           extent_of("v", a.v),         extent_of("g", a.g),
+                           extent_of("beta", a.beta),   extent_of("A_log", a.A_log),
+                           extent_of("dt_bias", a.dt_bias), extent_of("initial_state", a.initial_state),
+                           extent_of("cu_seqlens", a.cu_seqlens), outputs[0]};
+  const std::pair<std::string_view, std::string_view> exact_aliases[] = {
+      {"out", "q"}, {"out", "k"}, {"out", "g"}, {"final_state", "initial_state"}};
+  for (const Extent& o : outputs) {
+    for (const Extent& i : inputs) {
+      if (o.name == i.name || o.begin == o.end || i.begin == i.end) continue;
+      if (o.begin >= i.end || i.begin >= o.end) continue;
+      const bool exact = o.begin == i.begin && o.end == i.end;
+      bool allowed = false;
+      for (const auto& [out_name, in_name] : exact_aliases) allowed |= exact && o.name == out_name && i.name == in_name;
+      if (allowed) continue;
+      fail(ErrorCode::kInvalidArgument, o.name, ": overlaps ", i.name, " (", o.name, " spans [0x", std::hex, o.begin,
+           ", 0x", o.end, "), ", i.name, " [0x", i.begin, ", 0x", i.end, std::dec, ")); ",
+           exact ? "this aliasing is not supported (only out = q, k or g and final_state = initial_state are)"
+                 : "outputs may not partially overlap another tensor",
+           "; pass a separate buffer");
+    }
+  }
 }
 
 }  // namespace
@@ -161,6 +212,8 @@ Problem validate_forward(const ForwardArgs& a) {
   if (a.seqlen_check != SeqlenCheck::kHost && a.seqlen_check != SeqlenCheck::kDeviceGuardsOnly)
     fail(ErrorCode::kInvalidArgument, "seqlen_check: expected kHost (0) or kDeviceGuardsOnly (1), got ",
          static_cast<int>(a.seqlen_check));
+
+  check_overlaps(a);
 
   Problem p;
   p.B = B, p.T = T, p.H = H, p.K = K, p.V = V, p.N = N;
