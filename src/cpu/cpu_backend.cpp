@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,15 +41,22 @@ constexpr int kLanes = 8;  // width of the explicit partial sums (one AVX2 regis
 // exp(x), branch-free so that loops calling it vectorise. x is first clamped to [-87, 88] (so
 // exp of anything below -87 gives exp(-87) ~ 1.6e-38 instead of ~0, which is harmless here);
 // the clamp works on the bit pattern because a floating-point select followed by arithmetic
-// is not if-converted under the default -ftrapping-math. Then Cody-Waite reduction
-// x = n ln2 + r, |r| <= ln2/2, a degree-6 Taylor polynomial (truncation ~1e-7 relative) and
-// 2^n built in the exponent bits.
+// is not if-converted under the default -ftrapping-math. A NaN is not clamped into a number:
+// the polynomial runs on 0 and the NaN itself is added to the result (selected as bits, +0
+// otherwise), as the oracle's exp would return it. Then Cody-Waite reduction x = n ln2 + r,
+// |r| <= ln2/2, a degree-6 Taylor polynomial (truncation ~1e-7 relative) and 2^n built in the
+// exponent bits.
 inline float exp_f32(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint32_t carry_bits = nan ? u : 0u;
   const uint32_t cap = (u >> 31) ? 0xC2AE0000u /* -87.0f */ : 0x42B00000u /* 88.0f */;
-  u = u > cap ? cap : u;  // same sign, larger magnitude (or NaN): the bound
+  u = u > cap ? cap : u;  // same sign, larger magnitude: the bound
+  u = nan ? 0u : u;       // keeps the integer conversion below away from NaN
   std::memcpy(&x, &u, sizeof x);
+  float nan_carry;
+  std::memcpy(&nan_carry, &carry_bits, sizeof nan_carry);
   const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float t = x * 1.44269504088896341f + shifter;
   const float n = t - shifter;
@@ -64,7 +72,7 @@ inline float exp_f32(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return p * scale + nan_carry;
 }
 
 // log(1 + z) for z in [0, 1]: 2 atanh(s) with s = z / (2 + z) in [0, 1/3], odd series to s^17
@@ -84,6 +92,11 @@ inline float log1p_unit(float z) {
   return 2.0f * s * p;
 }
 
+// A decay of exp(-100) per token is 0 in fp32 already, as is any stronger one; clamping the
+// unbounded softplus gate there keeps the in-chunk sums G finite (an infinite decay would make
+// G_r - G_s = -inf + inf = NaN where the per-token definition simply resets the state).
+constexpr float kMinLogDecay = -100.0f;
+
 // The log-decay a of K channels (KDA.md, common/gate.h), in a form the compiler vectorises.
 // exp_A = exp(A_log[h]).
 //   safe:      a = lower_bound * sigmoid(exp_A x) = lower_bound / (1 + exp(-exp_A x))
@@ -98,9 +111,13 @@ inline void gate_row(Gate gate, const uint16_t* __restrict g, const float* __res
     }
   } else {
     for (int i = 0; i < n; ++i) {
-      const float x = bf16_to_float(g[i]) + dt_bias[i];
+      // -inf becomes -FLT_MAX (softplus 0 either way) so that (x + |x|) / 2 is 0, not NaN.
+      uint32_t u = std::bit_cast<uint32_t>(bf16_to_float(g[i]) + dt_bias[i]);
+      u = u == 0xFF800000u ? 0xFF7FFFFFu : u;
+      const float x = std::bit_cast<float>(u);
       const float ax = std::fabs(x);
-      a[i] = -exp_A * (0.5f * (x + ax) + log1p_unit(exp_f32(-ax)));
+      const float ai = -exp_A * (0.5f * (x + ax) + log1p_unit(exp_f32(-ax)));
+      a[i] = ai < kMinLogDecay ? kMinLogDecay : ai;  // NaN compares false and stays
     }
   }
 }

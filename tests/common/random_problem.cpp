@@ -1,5 +1,6 @@
 #include "common/random_problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -205,6 +206,127 @@ bool all_finite(const void* x, DType dtype, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(f[i])) return false;
   return true;
+}
+
+}  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+std::string non_finite_violation(const Problem& p, const double* ref_out, const uint16_t* out,
+                                 const double* ref_state, const void* state, double bar, size_t* nonfinite_ref) {
+  constexpr int64_t kChunk = 16;
+  const int64_t H = p.H, V = p.V, K = p.K;
+  const std::vector<int64_t> offsets = host_sequence_offsets(p);
+  const auto state_at = [&](size_t i) {
+    return p.final_state_dtype == DType::kBF16 ? double(bf16_to_float(static_cast<const uint16_t*>(state)[i]))
+                                               : double(static_cast<const float*>(state)[i]);
+  };
+  size_t bad_ref = 0;
+  std::ostringstream why;
+  for (int64_t n = 0; n < p.N; ++n) {
+    for (int64_t h = 0; h < H; ++h) {
+      bool pair_finite = true;
+      double num = 0.0, den = 0.0;
+      for (int64_t c0 = offsets[n]; c0 < offsets[n + 1]; c0 += kChunk) {
+        const int64_t c1 = std::min(c0 + kChunk, offsets[n + 1]);
+        bool chunk_ref_nonfinite = false;
+        for (int64_t t = c0; t < c1; ++t)
+          for (int64_t j = 0; j < V; ++j) chunk_ref_nonfinite |= !std::isfinite(ref_out[(t * H + h) * V + j]);
+        pair_finite &= !chunk_ref_nonfinite;
+        for (int64_t t = c0; t < c1; ++t)
+          for (int64_t j = 0; j < V; ++j) {
+            const size_t i = static_cast<size_t>((t * H + h) * V + j);
+            const bool ref_ok = std::isfinite(ref_out[i]);
+            const double x = bf16_to_float(out[i]);
+            const bool ours_ok = std::isfinite(x);
+            bad_ref += !ref_ok;
+            if (!ref_ok && ours_ok) {
+              why << "out[token " << t << ", head " << h << ", " << j << "] = " << x << " where the oracle has "
+                  << ref_out[i];
+              return why.str();
+            }
+            if (ref_ok && !ours_ok && !chunk_ref_nonfinite) {
+              why << "out[token " << t << ", head " << h << ", " << j << "] is " << x
+                  << " where the oracle's whole chunk is finite";
+              return why.str();
+            }
+            num += (x - ref_out[i]) * (x - ref_out[i]);
+            den += ref_out[i] * ref_out[i];
+          }
+      }
+      bool state_ref_nonfinite = false;
+      double snum = 0.0, sden = 0.0;
+      if (state) {
+        const size_t base = static_cast<size_t>((n * H + h) * V * K);
+        for (size_t i = base; i < base + static_cast<size_t>(V * K); ++i) state_ref_nonfinite |= !std::isfinite(ref_state[i]);
+        for (size_t i = base; i < base + static_cast<size_t>(V * K); ++i) {
+          const bool ref_ok = std::isfinite(ref_state[i]);
+          const double x = state_at(i);
+          bad_ref += !ref_ok;
+          if (!ref_ok && std::isfinite(x)) {
+            why << "final_state[seq " << n << ", head " << h << ", element " << i - base << "] = " << x
+                << " where the oracle has " << ref_state[i];
+            return why.str();
+          }
+          if (!std::isfinite(x) && !state_ref_nonfinite) {
+            why << "final_state[seq " << n << ", head " << h << "] holds " << x << " where the oracle's state is finite";
+            return why.str();
+          }
+          snum += (x - ref_state[i]) * (x - ref_state[i]);
+          sden += ref_state[i] * ref_state[i];
+        }
+      }
+      if (pair_finite && !state_ref_nonfinite) {
+        const double e_out = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        const double e_state = sden > 0 ? std::sqrt(snum / sden) : std::sqrt(snum);
+        if (!(e_out <= bar) || !(e_state <= bar)) {
+          why << "seq " << n << ", head " << h << " (all finite in the oracle): rel error out " << e_out << ", state "
+              << e_state << " above " << bar;
+          return why.str();
+        }
+      }
+    }
+  }
+  if (nonfinite_ref) *nonfinite_ref = bad_ref;
+  return "";
+}
+
+}  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+const char* input_name(Input which) {
+  switch (which) {
+    case Input::kQ: return "q";
+    case Input::kK: return "k";
+    case Input::kV: return "v";
+    case Input::kG: return "g";
+    case Input::kBeta: return "beta";
+    case Input::kALog: return "A_log";
+    case Input::kDtBias: return "dt_bias";
+    case Input::kInitialState: return "initial_state";
+  }
+  return "?";
+}
+
+void set_input_value(RandomProblem& rp, Input which, int64_t token, int64_t head, int64_t channel, float value) {
+  const ProblemSpec& s = rp.spec();
+  const size_t qk = static_cast<size_t>((token * s.H + head) * s.K + channel);
+  switch (which) {
+    case Input::kQ: rp.q[qk] = float_to_bf16(value); break;
+    case Input::kK: rp.k[qk] = float_to_bf16(value); break;
+    case Input::kG: rp.g[qk] = float_to_bf16(value); break;
+    case Input::kV: rp.v[static_cast<size_t>((token * s.H + head) * s.V + channel)] = float_to_bf16(value); break;
+    case Input::kBeta: rp.beta[static_cast<size_t>(token * s.H + head)] = float_to_bf16(value); break;
+    case Input::kALog: rp.A_log[static_cast<size_t>(head)] = value; break;
+    case Input::kDtBias: rp.dt_bias[static_cast<size_t>(head * s.K + channel)] = value; break;
+    case Input::kInitialState: {
+      const size_t i = static_cast<size_t>((token * s.H + head) * s.V * s.K + channel);
+      if (s.init_dtype == DType::kBF16) rp.init_bf16[i] = float_to_bf16(value);
+      else rp.init_f32[i] = value;
+      break;
+    }
+  }
 }
 
 }  // namespace flashkda::testing

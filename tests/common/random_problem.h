@@ -88,3 +88,36 @@ bool all_finite(const uint16_t* x_bf16, size_t n);
 bool all_finite(const void* x, DType dtype, size_t n);
 
 }  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+// The contract's rule for non-finite inputs, on out [total, H, V] and the final state
+// [N, H, V, K] (stored as bf16 or f32; nullptr when not written), against the oracle's `ref_*`:
+// - wherever the oracle's element is NaN or Inf, ours is NaN or Inf too (never a silent number);
+// - ours may be non-finite where the oracle is finite only within the 16-token chunk of the
+//   same sequence and head where the oracle output has a non-finite element (the chunked form
+//   mixes the tokens of a chunk), and, for the state, only in a (sequence, head) whose oracle
+//   state has one;
+// - on every (sequence, head) whose oracle out and state are all finite, the error is <= bar.
+// Returns "" when the rule holds, else what broke it. `nonfinite_ref` (optional) receives the
+// number of non-finite oracle elements, so a test can check it exercised the rule at all.
+std::string non_finite_violation(const Problem& p, const double* ref_out, const uint16_t* out,
+                                 const double* ref_state, const void* state, double bar,
+                                 size_t* nonfinite_ref = nullptr);
+
+}  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+// The inputs a test can plant a value in (NaN, Inf) with set_input_value.
+enum class Input { kQ, kK, kV, kG, kBeta, kALog, kDtBias, kInitialState };
+constexpr Input kAllInputs[] = {Input::kQ,    Input::kK,    Input::kV,      Input::kG,
+                                Input::kBeta, Input::kALog, Input::kDtBias, Input::kInitialState};
+const char* input_name(Input which);
+
+// Sets one element: (token, head, channel) of q, k, v, g; (token, head) of beta; head of A_log;
+// (head, channel) of dt_bias; element `channel` of sequence `token`, head `head` of the initial
+// state (which the problem must have).
+void set_input_value(RandomProblem& rp, Input which, int64_t token, int64_t head, int64_t channel, float value);
+
+}  // namespace flashkda::testing
