@@ -18,7 +18,7 @@ Backend locate_all(const ForwardArgs& a) {
   const char* first_name = nullptr;
   gpu::PointerInfo first;
   for (const auto& [name, t] : tensors) {
-    if (!t->given()) continue;
+    if (!t->data) continue;  // absent, or given without elements: nothing to locate
     const gpu::PointerInfo info = gpu::locate(t->data);
     if (!first_name) {
       first_name = name;
@@ -51,12 +51,12 @@ void check_device_sequence_offsets(const Problem& p, SeqlenCheck mode, cudaStrea
   validate_sequence_offsets(host_sequence_offsets(on_host), p.total_tokens);
 }
 
-// Workspace of a validated problem on the CUDA path.
-size_t cuda_workspace_size(const Problem& p) {
+// The CUDA prefill's plan for a validated problem: kernel choice and workspace layout.
+gpu::PrefillPlan cuda_plan(const Problem& p) {
   if (p.gate != Gate::kSafe)
     fail(ErrorCode::kUnsupported, "gate: the softplus gate is not supported on the CUDA path yet; "
          "use the safe gate, or host tensors for the CPU backend");
-  return gpu::prefill_workspace_size(p);
+  return gpu::plan_prefill(p);
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ Backend backend_for(const ForwardArgs& args) { return locate_all(args); }
 
 size_t forward_workspace_size(const ForwardArgs& args) {
   const Problem p = validate_forward(args);
-  return locate_all(args) == Backend::kCpu ? 0 : cuda_workspace_size(p);
+  return locate_all(args) == Backend::kCpu ? 0 : cuda_plan(p).workspace_bytes();
 }
 
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -75,7 +75,8 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
     cpu_forward(p);
     return;
   }
-  const size_t needed = cuda_workspace_size(p);  // args are validated and located already
+  const gpu::PrefillPlan plan = cuda_plan(p);  // args are validated and located already
+  const size_t needed = plan.workspace_bytes();
   if (needed > 0) {
     if (!workspace)
       fail(ErrorCode::kInvalidArgument, "workspace: expected a device buffer of at least ", needed,
@@ -89,7 +90,7 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
       fail(ErrorCode::kInvalidArgument, "workspace: expected device memory on the current CUDA device");
   }
   check_device_sequence_offsets(p, args.seqlen_check, stream);
-  gpu::prefill_forward(p, workspace, workspace_bytes, stream);
+  gpu::prefill_forward(p, plan, workspace, stream);
 }
 
 }  // namespace flashkda

@@ -14,10 +14,10 @@ bool stream_is_capturing(cudaStream_t) { return false; }
 void copy_to_host_sync(void*, const void*, size_t, cudaStream_t) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA: no device memory can be read");
 }
-size_t prefill_workspace_size(const Problem&) {
+PrefillPlan plan_prefill(const Problem&) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
 }
-void prefill_forward(const Problem&, void*, size_t, cudaStream_t) {
+void prefill_forward(const Problem&, const PrefillPlan&, void*, cudaStream_t) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
 }
 

@@ -22,8 +22,27 @@ bool stream_is_capturing(cudaStream_t stream);
 // Copies `bytes` from device memory to the host and waits for it (orders after `stream`).
 void copy_to_host_sync(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
+// What the CUDA prefill runs for one problem: every launcher decision (state-pass form and
+// layout, the FLASHKDA_* overrides read once, the workspace layout), made once per call by
+// plan_prefill() and then only read. Throws kUnsupported for problems the kernels do not take.
+struct PrefillPlan {
+  enum class Pass : int32_t {
+    kPerItem,     // one block per (sequence, head, value slices) (state_kernel.cu)
+    kPersistent,  // a block per multiprocessor taking (sequence, head) items (state_persistent_kernel.cu)
+    kSplit,       // one long sequence cut in two segments, then stitched (stitch_kernel.cu)
+  };
+  Pass pass = Pass::kPerItem;
+  int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
+  int multiprocessors = 0;
+  // Workspace, in this order: chunk records, then the persistent pass's item counter or the
+  // split pass's fp32 buffers (three [H, 128, 128] states, two [total, H, 128] row sets).
+  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
+
+  size_t workspace_bytes() const { return record_bytes + counter_bytes + 3 * split_state_bytes + 2 * split_row_bytes; }
+};
+
 // The prefill kernels (K = V = 128, safe gate).
-size_t prefill_workspace_size(const Problem& p);
-void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+PrefillPlan plan_prefill(const Problem& p);
+void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

@@ -2,6 +2,7 @@
 // allocation and no host synchronisation happen here.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -50,13 +51,13 @@ StateConfig choose_state_config(int64_t seq_heads, int sms) {
 }
 
 // FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) overrides the choice: tests run every layout.
-StateConfig state_config(int64_t seq_heads) {
+StateConfig state_config(int64_t seq_heads, int sms) {
   if (const char* forced = std::getenv("FLASHKDA_STATE_CONFIG")) {
     StateConfig c{0, 0};
     if (std::sscanf(forced, "%dx%d", &c.value_slices, &c.key_parts) == 2) return c;
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, got '", forced, "'");
   }
-  return choose_state_config(seq_heads, multiprocessor_count());
+  return choose_state_config(seq_heads, sms);
 }
 
 // An on/off override of a launcher choice (tests force each path): "0" or "1", or unset (-1).
@@ -74,13 +75,11 @@ int forced_switch(const char* name) {
 // sequence, for the tests).
 constexpr int64_t kSplitMinTokens = 4096;
 
-bool use_split(const Problem& p) {
+bool use_split(const Problem& p, StateConfig c, int sms) {
   if (p.N != 1) return false;
   if (const int forced = forced_switch("FLASHKDA_SPLIT"); forced >= 0) return forced == 1;
-  const StateConfig c = state_config(p.H);
   const int64_t blocks = p.H * (8 / c.value_slices);
-  return c.value_slices == 1 && c.key_parts == 4 && 3 * blocks <= multiprocessor_count() &&
-         p.total_tokens >= kSplitMinTokens;
+  return c.value_slices == 1 && c.key_parts == 4 && 3 * blocks <= sms && p.total_tokens >= kSplitMinTokens;
 }
 
 // Persistent state pass (state_persistent_kernel.cu): with more (sequence, head) items than
@@ -89,51 +88,57 @@ bool use_split(const Problem& p) {
 // on every case with at least 2x the items (P2, P3, P5, P6, P9: 384 to 2048 items); taken there
 // with the 8x1 layout. FLASHKDA_PERSISTENT=0/1 forces it off/on (on: any problem with tokens
 // that the split pass does not take, for the tests).
-bool use_persistent(const Problem& p) {
+bool use_persistent(const Problem& p, StateConfig c, int sms) {
   if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
   if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
-  const StateConfig c = state_config(p.N * p.H);
-  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * multiprocessor_count();
+  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
-// Workspace: chunk records, then the persistent pass's item counter or the split pass's fp32
-// buffers (StateSplit).
-struct WorkspaceLayout {
-  size_t records = 0, counter = 0, states = 0, rows = 0;  // bytes: records, counter, one [H,128,128], one [total,H,128]
-  size_t total() const { return records + counter + 3 * states + 2 * rows; }
-};
-
-WorkspaceLayout workspace_layout(const Problem& p) {
-  WorkspaceLayout w;
-  w.records = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
-  if (use_split(p)) {
-    w.states = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
-    w.rows = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
-  } else if (use_persistent(p)) {
-    w.counter = 128;  // one 8-byte counter on a 128-byte line of its own
-  }
-  return w;
+// What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
+void check_limits(const Problem& p) {
+  if (p.total_tokens > INT32_MAX)
+    fail(ErrorCode::kUnsupported, "q: the CUDA path takes at most 2^31 - 1 tokens (B * T), got ", p.total_tokens);
+  if (p.H > 65535) fail(ErrorCode::kUnsupported, "q: the CUDA path takes at most 65535 heads, got H = ", p.H);
 }
 
 }  // namespace
 
-size_t prefill_workspace_size(const Problem& p) { return workspace_layout(p).total(); }
-
-void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (p.gate != Gate::kSafe)
-    fail(ErrorCode::kUnsupported, "gate: the CUDA path implements the safe gate only");
+PrefillPlan plan_prefill(const Problem& p) {
   if (p.K != kHeadDim || p.V != kHeadDim)
     fail(ErrorCode::kUnsupported, "the CUDA path implements K = V = 128 only, got K = ", p.K, ", V = ", p.V);
-  const WorkspaceLayout layout = workspace_layout(p);
-  if (workspace_bytes < layout.total())
-    fail(ErrorCode::kInvalidArgument, "workspace: expected at least ", layout.total(), " bytes, got ",
-         workspace_bytes);
+  check_limits(p);
+  PrefillPlan plan;
+  plan.multiprocessors = multiprocessor_count();
+  StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
+  if (use_split(p, c, plan.multiprocessors)) {
+    plan.pass = PrefillPlan::Pass::kSplit;
+    c = {1, 4};
+  } else if (use_persistent(p, c, plan.multiprocessors)) {
+    plan.pass = PrefillPlan::Pass::kPersistent;
+    c = {8, 1};
+  }
+  plan.value_slices = c.value_slices;
+  plan.key_parts = c.key_parts;
+
+  plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
+  if (plan.pass == PrefillPlan::Pass::kSplit) {
+    plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
+    plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
+  } else if (plan.pass == PrefillPlan::Pass::kPersistent) {
+    plan.counter_bytes = 128;  // one 8-byte counter on a 128-byte line of its own
+  }
+  return plan;
+}
+
+void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.N == 0) return;
 
   const SequenceTable seqs = sequence_table(p);
   auto* records = static_cast<uint8_t*>(workspace);
+  auto* after_records = records + plan.record_bytes;  // 128-byte aligned: kBytes % 128 == 0
+  const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
   if (p.total_tokens > 0) {
-    auto* counter = layout.counter ? reinterpret_cast<unsigned long long*>(records + layout.records) : nullptr;
+    auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
     PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
@@ -147,23 +152,24 @@ void prefill_forward(const Problem& p, void* workspace, size_t workspace_bytes, 
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
                     p.out};
-  if (layout.counter) {  // the prep kernel above zeroed it
-    state.item_counter = reinterpret_cast<unsigned long long*>(records + layout.records);
-    launch_state_persistent(state, multiprocessor_count(), stream);
+  if (persistent) {  // the prep kernel above zeroed the counter
+    state.item_counter = reinterpret_cast<unsigned long long*>(after_records);
+    launch_state_persistent(state, plan.multiprocessors, stream);
     return;
   }
-  if (layout.states == 0) {
-    launch_state(state, state_config(p.N * p.H), stream);
+  const StateConfig config{plan.value_slices, plan.key_parts};
+  if (plan.pass == PrefillPlan::Pass::kPerItem) {
+    launch_state(state, config, stream);
     return;
   }
 
   // Split pass (N = 1): three runs, then out rows of segment 1 and the final state stitched.
-  auto* buffers = reinterpret_cast<float*>(records + layout.records);  // 128-byte aligned: kBytes % 128 == 0
-  const int64_t state_elems = static_cast<int64_t>(layout.states / sizeof(float));
-  const int64_t row_elems = static_cast<int64_t>(layout.rows / sizeof(float));
+  auto* buffers = reinterpret_cast<float*>(after_records);
+  const int64_t state_elems = static_cast<int64_t>(plan.split_state_bytes / sizeof(float));
+  const int64_t row_elems = static_cast<int64_t>(plan.split_row_bytes / sizeof(float));
   state.split = {buffers, buffers + state_elems, buffers + 2 * state_elems, buffers + 3 * state_elems,
                  buffers + 3 * state_elems + row_elems};
-  launch_state(state, StateConfig{1, 4}, stream);
+  launch_state(state, config, stream);
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   StitchParams rows{state.split.out_a, state.split.mid_state, state.split.out_b, p.out, false, true,
