@@ -3,19 +3,22 @@
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
 #   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
-#                                        (default: build tests sanitize run bench)
+#                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PREBUILT=dir  use dir/test_prefill_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
-#   WHEEL=dist/flashkda-*.whl  the python step installs this wheel (built where pip works) and
-#                             runs the pytest suite, GPU tests included
+#   python step: builds the package from source on this machine, as users do (`pip install .`,
+#                without build isolation: the GPU machine has no index to fetch the build
+#                requirements from; they are installed there), records the link of the
+#                extension (ldd, the C++ runtime it needs), and runs the whole pytest suite
+#   WHEEL=dist/flashkda-*.whl  the python step installs this wheel instead of building
 # bench runs the cases twice (the same build) and writes h200.md with scripts/bench_report.py.
 # At most 8 files land in $OUT (the device tool returns no more).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-steps=${*:-build tests sanitize run bench}
+steps=${*:-build tests sanitize run bench python}
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -51,7 +54,11 @@ for step in $steps; do
   case $step in
     build)
       if [ -z "${PREBUILT:-}" ]; then
-        run_step build "$OUT/build.log" 600 bash -c "cmake -S . -B $BUILD -G Ninja -DFLASHKDA_PTXAS_VERBOSE=ON && cmake --build $BUILD -j\$(nproc)"
+        # The CLI's header-only dependencies (CLI11, nlohmann/json) are unpacked into .deps/ by
+        # scripts/fetch-cli-deps.sh where apt works, and carried to a GPU machine without it.
+        prefix=""
+        [ -d .deps/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/usr"
+        run_step build "$OUT/build.log" 600 bash -c "cmake -S . -B $BUILD -G Ninja -DFLASHKDA_PTXAS_VERBOSE=ON $prefix && cmake --build $BUILD -j\$(nproc)"
         grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$summary"
       fi
       ;;
@@ -85,9 +92,20 @@ for step in $steps; do
       done
       ;;
     python)
-      run_step "python wheel" "$OUT/python.log" 300 python3 -m pip install --no-deps --force-reinstall ${WHEEL:-dist/*.whl}
-      run_step "pytest" "$OUT/python.log" "${PYTEST_LIMIT:-500}" env PYTHONUNBUFFERED=1 python3 -m pytest python/tests -rs -q
-      tail -15 "$OUT/python.log" >>"$summary"
+      if [ -n "${WHEEL:-}" ]; then
+        run_step "python wheel" "$OUT/python.log" 300 python3 -m pip install --no-deps --force-reinstall $WHEEL
+      else
+        { env | grep -E '^(CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|CMAKE_[A-Z_]*)=' || true; g++ --version | head -1; cmake --version | head -1
+          python3 -m pip show scikit-build-core nanobind 2>/dev/null | grep -E '^(Name|Version)'; } >>"$OUT/python.log" 2>&1
+        run_step "pip install . (from source)" "$OUT/python.log" 900 env CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+          python3 -m pip install --no-build-isolation --no-deps --force-reinstall -v -C build-dir=build-py .
+        ext=$(find build-py -name '_ext*.so' | head -1)
+        { echo "extension: $ext"; ldd "$ext"; readelf -d "$ext" | grep NEEDED
+          grep -E -- '-o python/_ext|_ext.*\.so' build-py/build.ninja | head -3; } >>"$OUT/python.log" 2>&1
+        ldd "$ext" 2>&1 | grep -E 'libstdc|libgcc' | sed 's/^/python ext links: /' | tee -a "$summary"
+      fi
+      run_step "pytest" "$OUT/python.log" "${PYTEST_LIMIT:-500}" env PYTHONUNBUFFERED=1 python3 -m pytest python/tests -rs -q -p no:cacheprovider
+      tail -25 "$OUT/python.log" >>"$summary"
       ;;
     *) note "unknown step: $step"; status=2 ;;
   esac
