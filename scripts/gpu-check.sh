@@ -96,6 +96,7 @@ for step in $steps; do
         run_step "python wheel" "$OUT/python.log" 300 python3 -m pip install --no-deps --force-reinstall $WHEEL
       else
         { env | grep -E '^(CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|CMAKE_[A-Z_]*)=' || true; g++ --version | head -1; cmake --version | head -1
+          [ -n "${CXX:-}" ] && { file -L "$CXX"; head -c 1500 "$CXX" | strings | head -40; }
           python3 -m pip show scikit-build-core nanobind 2>/dev/null | grep -E '^(Name|Version)'; } >>"$OUT/python.log" 2>&1
         run_step "pip install . (from source)" "$OUT/python.log" 900 env CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
           python3 -m pip install --no-build-isolation --no-deps --force-reinstall -v -C build-dir=build-py .
