@@ -6,12 +6,21 @@
 Tensors are torch tensors, NumPy arrays (bfloat16 through ml_dtypes), CuPy or JAX arrays, or
 anything else with DLPack; they are passed to the C++ library without copies. CUDA tensors run
 the CUDA kernels on the caller's current stream (when this build has them: see ``info()``),
-CPU tensors the CPU backend. ``flashkda.fwd`` is the call of the existing ``flash_kda.fwd``, so
-``import flashkda as flash_kda`` is a drop-in change.
+CPU tensors the CPU backend. Inference only: there is no backward yet, so torch tensors that
+require grad are refused while grad mode is on (call under ``torch.no_grad()`` or
+``torch.inference_mode()``).
+
+``flashkda.fwd`` is the call of the existing ``flash_kda.fwd``, so ``import flashkda as flash_kda``
+is a drop-in change. For code that imports ``flash_kda`` itself (engines using fla), call
+``flashkda.register_as_flash_kda()`` once, before that code runs: from then on ``import flash_kda``
+in this process gives a module whose ``fwd`` is ``flashkda.fwd`` (also ``forward``, ``info``,
+``WITH_CUDA``, ``__version__``). It is opt-in, calling it again is harmless, and it raises
+RuntimeError, changing nothing, when a different ``flash_kda`` is already imported.
 """
 
 from ._api import fwd, forward, info
 from ._ext import cuda_compiled as _cuda_compiled
+from ._flash_kda import register_as_flash_kda
 
 __version__ = "0.1.0"
 
@@ -19,4 +28,4 @@ __version__ = "0.1.0"
 #: False for a CPU-backend-only build.
 WITH_CUDA: bool = bool(_cuda_compiled())
 
-__all__ = ["forward", "fwd", "info", "WITH_CUDA", "__version__"]
+__all__ = ["forward", "fwd", "info", "register_as_flash_kda", "WITH_CUDA", "__version__"]

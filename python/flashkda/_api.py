@@ -29,7 +29,7 @@ def _gate_id(gate) -> int:
 
 
 def _default_scale(q) -> float:
-    shape = q.shape
+    shape = _frameworks.shape_of("q", q)
     if len(shape) != 4:
         raise ValueError(
             f"q: expected 4 dimensions [B, T, H, K], got {len(shape)} dimensions with shape {list(shape)}"
@@ -39,6 +39,60 @@ def _default_scale(q) -> float:
 
 def _is_torch(x) -> bool:
     return _torch is not None and isinstance(x, _torch.Tensor)
+
+
+def _is_array(x) -> bool:
+    """What the extension can import: DLPack, the array interfaces or the buffer protocol."""
+    if _is_torch(x) or hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__") \
+            or hasattr(x, "__cuda_array_interface__"):
+        return True
+    try:
+        memoryview(x)
+    except TypeError:
+        return False
+    return True
+
+
+# The tensor arguments in the extension's order (_ext.ARG_NAMES): the first seven are required
+# everywhere, out in fwd() too.
+_TENSOR_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "initial_state", "final_state",
+                 "cu_seqlens")
+
+
+def _check_tensors(tensors, required: int) -> None:
+    """Refuses, naming the argument, what no backend can take: None for one of the first
+    `required` tensors, an object that is no array (a list, a number), and, with torch grad mode
+    on, a torch tensor that requires grad (flashkda has no backward yet). `tensors` are in
+    _TENSOR_NAMES order."""
+    grad = _torch is not None and _torch.is_grad_enabled()
+    for i, x in enumerate(tensors):
+        if x is None:
+            if i < required:
+                raise TypeError(f"{_TENSOR_NAMES[i]}: required tensor is missing")
+        elif _is_torch(x):
+            if grad and x.requires_grad:
+                name = _TENSOR_NAMES[i]
+                raise RuntimeError(
+                    f"{name}: requires grad, but flashkda is inference only (there is no backward yet): "
+                    f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+                )
+        elif not _is_array(x):
+            raise TypeError(
+                f"{_TENSOR_NAMES[i]}: expected a tensor or array (torch, NumPy, CuPy, JAX; anything with "
+                f"DLPack or the buffer protocol), got {type(x).__name__}"
+            )
+
+
+def _number(name: str, x) -> float:
+    """A scalar argument as a float; TypeError naming it for anything that is not a real number."""
+    if type(x) is float or type(x) is int:
+        return float(x)
+    if not isinstance(x, (bool, str, bytes, complex)) and hasattr(type(x), "__float__"):
+        try:  # NumPy scalars, one-element arrays and tensors
+            return float(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
 
 
 def forward(
@@ -89,14 +143,18 @@ def forward(
         unless ``output_final_state``.
 
     Raises:
-        TypeError for a wrong dtype or a non-array argument, ValueError for a wrong shape, layout,
-        device or value, NotImplementedError for what this backend does not support yet (head
-        sizes other than 128, the softplus gate on CUDA), RuntimeError for CUDA failures. The
-        messages name the argument, the expectation and what was given.
+        TypeError for a wrong dtype, a non-array argument, a missing (None) required tensor or a
+        non-number scalar; ValueError for a wrong shape, layout, device (meta tensors have no
+        data) or value; NotImplementedError for what this backend does not support yet (head
+        sizes other than 128, the softplus gate on CUDA); RuntimeError for CUDA failures, and for
+        torch tensors that require grad while grad mode is on: flashkda is inference only (no
+        backward yet), so call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or
+        pass detached tensors. The messages name the argument, the expectation and what was given.
     """
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens), 7)
     gate_id = _gate_id(gate)
-    if scale is None:
-        scale = _default_scale(q)
+    scale = _default_scale(q) if scale is None else _number("scale", scale)
+    lower_bound = _number("lower_bound", lower_bound)
     if _is_torch(q):
         if stream is not None:
             raise ValueError(
@@ -105,11 +163,11 @@ def forward(
             )
         return _torch_ops.forward(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
-            float(lower_bound), float(scale), gate_id, bool(output_final_state), bool(check_cu_seqlens),
+            lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens),
         )
     return _frameworks.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
-        float(lower_bound), float(scale), gate_id, bool(output_final_state), bool(check_cu_seqlens), stream,
+        lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens), stream,
     )
 
 
@@ -119,32 +177,39 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
 
     Same arguments and layouts as :func:`forward` (state ``[N, H, V, K]``), given positionally in
     ``flash_kda.fwd``'s order; ``final_state``, when given, is written with the state after each
-    sequence. Returns None. Unlike the original it also takes CPU tensors (the CPU backend), and
-    refuses bad arguments with the exceptions :func:`forward` raises. ``check_cu_seqlens``
-    (keyword only, an addition) is :func:`forward`'s: False skips the host check of CUDA
-    ``cu_seqlens`` and with it the one synchronisation of a call.
+    sequence. ``scale=None`` means ``K ** -0.5``, as in :func:`forward`. Returns None. Unlike the
+    original it also takes CPU tensors (the CPU backend), and refuses bad arguments with the
+    exceptions :func:`forward` raises. ``check_cu_seqlens`` (keyword only, an addition) is
+    :func:`forward`'s: False skips the host check of CUDA ``cu_seqlens`` and with it the one
+    synchronisation of a call. Inference only, like :func:`forward`.
     """
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens), 8)
+    scale = _default_scale(q) if scale is None else _number("scale", scale)
+    lower_bound = _number("lower_bound", lower_bound)
     if _is_torch(q):
         _torch_ops.forward_out(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-            float(lower_bound), float(scale), 0, bool(check_cu_seqlens),
+            lower_bound, scale, 0, bool(check_cu_seqlens),
         )
         return None
     _frameworks.run(
         q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        float(lower_bound), float(scale), 0, bool(check_cu_seqlens), None,
+        lower_bound, scale, 0, bool(check_cu_seqlens), None,
     )
     return None
 
 
 def info() -> dict:
-    """What this build has: version, whether the CUDA kernels are compiled in, visible devices."""
+    """What this build has: version, whether the CUDA kernels are compiled in (``cuda_kernels``),
+    usable devices, and the backends a call can run on now (``backends``: "cuda" only with the
+    kernels compiled in and at least one usable device)."""
     compiled = bool(_ext.cuda_compiled())
     devices = int(_ext.cuda_device_count()) if compiled else 0
     return {
         "version": _ext.version(),
         "cuda_kernels": compiled,
-        "backends": ["cpu", "cuda"] if compiled else ["cpu"],
+        # "cuda" only where it can run: kernels compiled in and at least one usable device.
+        "backends": ["cpu", "cuda"] if devices > 0 else ["cpu"],
         "cuda_devices": devices,
         "cuda_device_name": _ext.cuda_device_name() if devices else "",
         "torch_ops": _torch_ops is not None,

@@ -42,6 +42,8 @@ def _prepare(arrays: dict):
 
             x = x.view(np.uint16)
             views |= 1 << _ARG_INDEX[name]
+        elif getattr(x, "requires_grad", False) and framework_of(x) == "torch":
+            x = x.detach()  # torch exports no tensor that requires grad (grad mode is off: see _api)
         prepared[name] = x
     return prepared, views
 
@@ -163,12 +165,21 @@ def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_se
         _ext.stream_synchronize(handle)
 
 
+def shape_of(name: str, x):
+    """x.shape; TypeError naming the argument for an array-like object without one (bytes)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name}: expected a tensor or array with a shape, got {type(x).__name__}")
+    return shape
+
+
 def check_rank(q, v) -> None:
     """q and v must be 4-D before output shapes can be read off them (C++ validation's wording)."""
     for name, x, layout in (("q", q, "[B, T, H, K]"), ("v", v, "[B, T, H, V]")):
-        if len(x.shape) != 4:
+        shape = shape_of(name, x)
+        if len(shape) != 4:
             raise ValueError(
-                f"{name}: expected 4 dimensions {layout}, got {len(x.shape)} dimensions with shape {list(x.shape)}"
+                f"{name}: expected 4 dimensions {layout}, got {len(shape)} dimensions with shape {list(shape)}"
             )
 
 

@@ -4,9 +4,12 @@
                            unless output_final_state
     flashkda::forward_out  writes out (and final_state, when given) in place; returns nothing
 
-Both have fake (meta) implementations. The real ones pass the tensors to the extension through
-DLPack (no copies), allocate the CUDA workspace with torch.empty (the caching allocator, and a
-CUDA graph's private pool while capturing) and run on torch.cuda.current_stream().
+Both have fake (meta) implementations, which take fake and meta tensors. The real ones pass the
+tensors to the extension through DLPack (no copies; a meta tensor has no data, and the extension
+refuses it with a ValueError), allocate the CUDA workspace with torch.empty (the caching
+allocator, and a CUDA graph's private pool while capturing) and run on
+torch.cuda.current_stream(). Tensors that require grad never get here with grad mode on: the API
+(_api) refuses them first, as flashkda has no backward yet.
 Imported only when torch is importable.
 """
 
@@ -37,8 +40,13 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, c
 
 
 def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]):
-    # Shape arithmetic without int(): stays symbolic under torch.compile(dynamic=True).
-    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    # Shape arithmetic without int(): stays symbolic under torch.compile(dynamic=True). A
+    # cu_seqlens without N + 1 >= 2 entries gets an empty state here, and the C++ validation's
+    # error ("cu_seqlens: expected at least 2 entries ...") at the call.
+    if cu_seqlens is None or cu_seqlens.dim() != 1:
+        N = q.shape[0]
+    else:
+        N = torch.sym_max(cu_seqlens.shape[0] - 1, 0)
     return (N, q.shape[2], v.shape[3], q.shape[3])
 
 
@@ -101,23 +109,41 @@ def _plain_eager(q) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
-def _as_tensor(x):
+def _as_tensor(x, name: str):
     """Other frameworks' arrays beside torch tensors (q is one): zero-copy views through DLPack
-    (NumPy bfloat16 through its bits), so that the custom ops see tensors only."""
+    (NumPy bfloat16 through its bits), so that the custom ops see tensors only. `name` (one of
+    _ext.ARG_NAMES) is for the error when torch cannot take the array."""
     if x is None or isinstance(x, Tensor):
         return x
     if getattr(getattr(x, "dtype", None), "name", "") == "bfloat16" and type(x).__module__ == "numpy":
         import numpy as np
 
         return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-    return torch.from_dlpack(x)
+    try:
+        return torch.from_dlpack(x)
+    except Exception as e:  # noqa: BLE001 - the exporters raise all kinds
+        if not hasattr(x, "__dlpack__"):  # the buffer protocol or the array interface only
+            try:
+                import numpy as np
+
+                return torch.from_numpy(np.asarray(x))
+            except Exception:  # noqa: BLE001
+                pass
+        _ext.check_array(_ext.ARG_NAMES.index(name), x)  # raises the extension's error, naming the argument
+        raise TypeError(f"{name}: torch cannot import this {type(x).__name__} beside torch tensors ({e}); "
+                        f"pass a torch tensor") from None
+
+
+_FORWARD_NAMES = ("k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out")
+_FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state",)
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
             lower_bound, scale, gate, output_final_state, check_cu_seqlens):
     """flashkda.forward for torch tensors."""
     k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out = (
-        _as_tensor(x) for x in (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out))
+        _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out),
+                                               _FORWARD_NAMES))
     if out is None:
         op = _forward_impl if _plain_eager(q) else torch.ops.flashkda.forward
         out, final_state = op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
@@ -135,7 +161,8 @@ def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out
                 lower_bound, scale, gate, check_cu_seqlens) -> None:
     """flashkda.fwd (and forward(out=...)) for torch tensors."""
     k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state = (
-        _as_tensor(x) for x in (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state))
+        _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
+                                                final_state), _FORWARD_OUT_NAMES))
     op = _forward_out_impl if _plain_eager(q) else torch.ops.flashkda.forward_out
     op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
        lower_bound, scale, gate, check_cu_seqlens)

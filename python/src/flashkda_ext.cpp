@@ -75,18 +75,31 @@ std::string shape_str(const nb::ndarray<>& a) {
   return s + "]";
 }
 
+// The name of a DLPack dtype as the frameworks spell it (float8_e4m3fn, not "code 10").
 std::string dlpack_dtype_name(nb::dlpack::dtype d) {
-  const char* base = "unknown";
-  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
-    case nb::dlpack::dtype_code::Int: base = "int"; break;
-    case nb::dlpack::dtype_code::UInt: base = "uint"; break;
-    case nb::dlpack::dtype_code::Float: base = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: base = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: base = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: return "bool";
-    default: break;
+  // The DLPack 1.x codes of the narrow float formats (numbers, not nanobind's enumerators: those
+  // exist from nanobind 2.5 on only).
+  static const char* const kNarrowFloats[] = {
+      "float8_e3m4",   "float8_e4m3",     "float8_e4m3b11fnuz", "float8_e4m3fn",
+      "float8_e4m3fnuz", "float8_e5m2",   "float8_e5m2fnuz",    "float8_e8m0fnu",
+      "float6_e2m3fn", "float6_e3m2fn",   "float4_e2m1fn"};
+  std::string s;
+  switch (d.code) {
+    case 0: s = "int" + std::to_string(d.bits); break;
+    case 1: s = "uint" + std::to_string(d.bits); break;
+    case 2: s = "float" + std::to_string(d.bits); break;
+    case 3: s = "opaque" + std::to_string(d.bits); break;
+    case 4: s = "bfloat" + std::to_string(d.bits); break;
+    case 5: s = "complex" + std::to_string(d.bits); break;
+    case 6: s = "bool"; break;
+    case 18: s = "bcomplex" + std::to_string(d.bits); break;
+    default:
+      if (d.code >= 7 && d.code <= 17)
+        s = kNarrowFloats[d.code - 7];
+      else
+        s = "unknown DLPack dtype (code " + std::to_string(d.code) + ", " + std::to_string(d.bits) + " bits)";
+      break;
   }
-  std::string s = base + std::to_string(d.bits);
   if (d.lanes != 1) s += "x" + std::to_string(d.lanes);
   return s;
 }
@@ -134,7 +147,44 @@ struct Converted {
   const char* first = nullptr;
 };
 
-nb::ndarray<> import_array(const ArgSpec& spec, nb::handle h) {
+// h.<name>, or an invalid object when h has none (or reading it raises).
+nb::object attr_or_null(nb::handle h, const char* name) {
+  try {
+    return nb::getattr(h, name, nb::none());
+  } catch (const nb::python_error&) {
+    return nb::object();
+  }
+}
+
+std::string str_of(nb::handle h) {
+  try {
+    return nb::str(h).c_str();
+  } catch (const nb::python_error&) {
+    return std::string();
+  }
+}
+
+// The name of an array's dtype as its framework spells it ("float8_e4m3fn" for torch's
+// torch.float8_e4m3fn and for NumPy's ml_dtypes.float8_e4m3fn); "" when it has none.
+std::string framework_dtype_name(nb::handle h) {
+  nb::object dtype = attr_or_null(h, "dtype");
+  if (!dtype.is_valid() || dtype.is_none()) return {};
+  nb::object name = attr_or_null(dtype, "name");  // NumPy, CuPy, JAX
+  std::string s = name.is_valid() && nb::isinstance<nb::str>(name) ? str_of(name) : str_of(dtype);
+  const size_t dot = s.rfind('.');  // "torch.float8_e4m3fn"
+  return dot == std::string::npos ? s : s.substr(dot + 1);
+}
+
+// Whether `dtype` is one of spec.expected_dtype's ("bfloat16 or float32").
+bool expected_dtype(const ArgSpec& spec, const std::string& dtype) {
+  const std::string expected = std::string(" ") + spec.expected_dtype + " ";
+  return !dtype.empty() && expected.find(" " + dtype + " ") != std::string::npos;
+}
+
+// Imports h as an array without copying. When it cannot be imported, says why, in the terms of
+// the argument and of h's own framework, whatever the framework: no data (torch's meta device), a
+// dtype the library has no use for (float8, ...), a read-only output, or no array at all.
+nb::ndarray<> import_array(const ArgSpec& spec, nb::handle h, bool bf16_view) {
   // Inputs are imported read-only (JAX and read-only NumPy arrays export nothing else).
   if (spec.writable) {
     nb::ndarray<> a;
@@ -143,20 +193,39 @@ nb::ndarray<> import_array(const ArgSpec& spec, nb::handle h) {
     nb::ndarray<nb::ro> a;
     if (nb::try_cast(h, a, false)) return nb::ndarray<>(a);
   }
-  std::string type = nb::type_name(h.type()).c_str();
+  const std::string name = spec.name;
+  const std::string type = nb::type_name(h.type()).c_str();
+
+  nb::object device = attr_or_null(h, "device");
+  if (device.is_valid() && !device.is_none()) {
+    nb::object device_type = attr_or_null(device, "type");  // torch.device("meta").type == "meta"
+    const std::string where = str_of(device_type.is_valid() && !device_type.is_none() ? device_type : device);
+    if (where == "meta")
+      value_error(name + ": tensors on the meta device have no data (device meta); pass CPU or CUDA tensors "
+                  "(meta tensors go through flashkda's custom ops under torch.compile / FakeTensorMode only)");
+  }
+  std::string dtype = framework_dtype_name(h);
+  if (bf16_view && dtype == "uint16") dtype = "bfloat16";  // NumPy's ml_dtypes.bfloat16, as its bits
+  if (!dtype.empty() && !expected_dtype(spec, dtype))
+    type_error(name + ": expected dtype " + spec.expected_dtype + ", got " + dtype);
+
   std::string hint;
-  if (nb::hasattr(h, "requires_grad") && nb::bool_(h.attr("requires_grad")))
-    hint = " (a torch tensor that requires grad: pass .detach())";
-  else if (spec.writable)
-    hint = " (outputs must be writable)";
-  type_error(std::string(spec.name) + ": expected a writable tensor or array (torch, NumPy, CuPy, JAX; " +
-             "anything with DLPack or the buffer protocol), got " + type + hint);
+  if (nb::hasattr(h, "requires_grad") && nb::bool_(h.attr("requires_grad"))) {
+    hint = " (a torch tensor that requires grad: flashkda is inference only, pass " + name + ".detach())";
+  } else if (spec.writable) {
+    nb::ndarray<nb::ro> ro;
+    if (nb::try_cast(h, ro, false))
+      type_error(name + ": expected a writable tensor or array (it is written in place), got a read-only " + type);
+  }
+  type_error(name + ": expected a tensor or array (torch, NumPy, CuPy, JAX; anything with DLPack or the " +
+             "buffer protocol), got " + type + hint);
 }
 
 void convert(Converted& c, int i, nb::handle h, uint32_t bf16_views) {
   if (h.is_none()) return;
   const ArgSpec& spec = kArgs[i];
-  nb::ndarray<> a = import_array(spec, h);
+  const bool bf16_view = (bf16_views >> i) & 1u;
+  nb::ndarray<> a = import_array(spec, h, bf16_view);
   if (a.ndim() > 4)
     value_error(std::string(spec.name) + ": expected at most 4 dimensions, got " + std::to_string(a.ndim()) +
                 " with shape " + shape_str(a));
@@ -184,10 +253,21 @@ void convert(Converted& c, int i, nb::handle h, uint32_t bf16_views) {
   }
   flashkda::Tensor& t = c.tensors[i];
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  t.dtype = to_dtype(spec, a.dtype(), (bf16_views >> i) & 1u);
+  t.dtype = to_dtype(spec, a.dtype(), bf16_view);
   t.ndim = static_cast<int32_t>(a.ndim());
   for (size_t d = 0; d < a.ndim(); ++d) t.shape[d] = static_cast<int64_t>(a.shape(d));
   c.arrays[i] = std::move(a);
+}
+
+// Imports one array as argument `index` of forward() would be: raises the error that call would
+// raise about it alone, if any (the torch path asks when torch cannot import another framework's
+// array).
+void check_array(int index, nb::handle h, bool bf16_view) {
+  if (index < 0 || index >= kNumArgs)
+    value_error("index: expected 0 to " + std::to_string(kNumArgs - 1) + ", got " + std::to_string(index));
+  const ArgSpec& spec = kArgs[index];
+  nb::ndarray<> a = import_array(spec, h, bf16_view);
+  to_dtype(spec, a.dtype(), bf16_view);
 }
 
 flashkda::Gate to_gate(int gate) {
@@ -284,6 +364,17 @@ nb::ndarray<nb::numpy, T> owned_numpy(std::unique_ptr<T[]> data, std::initialize
   return nb::ndarray<nb::numpy, T>(raw, shape, owner);
 }
 
+// The elements of an fp64 buffer of the given dimensions; ValueError when its byte size does not
+// fit in 64 bits (N sequences of H heads can be many more than the inputs' sizes suggest).
+size_t fp64_elements(const char* name, std::initializer_list<size_t> dims) {
+  size_t n = 1;
+  bool overflow = false;
+  for (size_t d : dims) overflow |= __builtin_mul_overflow(n, d, &n);
+  overflow |= __builtin_mul_overflow(n, sizeof(double), &n);
+  if (overflow) value_error(std::string(name) + ": the oracle's fp64 buffer would overflow 64 bits");
+  return n / sizeof(double);
+}
+
 nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                          nb::handle dt_bias, nb::handle initial_state, nb::handle cu_seqlens, float lower_bound,
                          float scale, int gate, uint32_t bf16_views) {
@@ -293,26 +384,29 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   if (c.place.cuda) value_error(std::string(c.first) + ": the oracle reads host memory; pass CPU tensors");
 
+  // Validate everything before allocating anything: the buffers' sizes come from the shapes, which
+  // are only trusted (K = V = 128, H >= 1, B and T those of real q memory, N those of real
+  // cu_seqlens memory, byte sizes within int64) once validate_forward has passed. For that first
+  // pass out stands in place of q (an exact alias the validation accepts, once V = K) and
+  // final_state of initial_state (or is absent): nothing is allocated and nothing is written.
   const flashkda::Tensor& tq = c.tensors[kQ];
   const flashkda::Tensor& tv = c.tensors[kV];
-  if (tq.ndim != 4 || tv.ndim != 4) {
-    // Let the C++ validation word the error.
-    flashkda::ForwardArgs bad = make_args(c, lower_bound, scale, gate, true);
-    flashkda::validate_forward(bad);
-  }
-  const size_t B = tq.shape[0], T = tq.shape[1], H = tq.shape[2], K = tq.shape[3], V = tv.shape[3];
-  const size_t N = c.tensors[kCuSeqlens].given() ? c.tensors[kCuSeqlens].shape[0] - 1 : B;
-
-  // The oracle ignores out / final_state, but validation wants them: point both at the fp64
-  // buffers (large enough and aligned), with the dtypes the validation accepts.
-  auto out = std::make_unique<double[]>(B * T * H * V + 1);
-  auto state = std::make_unique<double[]>(N * H * V * K + 1);
   const DType state_dtype = c.tensors[kInitialState].given() ? c.tensors[kInitialState].dtype : DType::kF32;
+  c.tensors[kOut] = flashkda::make_tensor(tq.data, DType::kBF16, tq.shape[0], tq.shape[1], tq.shape[2], tv.shape[3]);
+  c.tensors[kFinalState] = c.tensors[kInitialState];
+  const flashkda::Problem checked = flashkda::validate_forward(make_args(c, lower_bound, scale, gate, true));
+  if (checked.cu_seqlens)
+    flashkda::validate_sequence_offsets(flashkda::host_sequence_offsets(checked), checked.total_tokens);
+
+  const size_t B = checked.B, T = checked.T, H = checked.H, K = checked.K, V = checked.V, N = checked.N;
+  // The oracle ignores out / final_state's dtypes: point both at the fp64 buffers (large enough
+  // and aligned), with the dtypes the validation accepts.
+  auto out = std::make_unique<double[]>(fp64_elements("out", {B, T, H, V}) + 1);
+  auto state = std::make_unique<double[]>(fp64_elements("final_state", {N, H, V, K}) + 1);
   c.tensors[kOut] = flashkda::make_tensor(out.get(), DType::kBF16, B, T, H, V);
   c.tensors[kFinalState] = flashkda::make_tensor(state.get(), state_dtype, N, H, V, K);
   const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, true);
   const flashkda::Problem p = flashkda::validate_forward(args);
-  if (p.cu_seqlens) flashkda::validate_sequence_offsets(flashkda::host_sequence_offsets(p), p.total_tokens);
   {
     nb::gil_scoped_release release;
     flashkda::oracle_forward(p, out.get(), state.get());
@@ -330,8 +424,11 @@ void translate_error(const std::exception_ptr& p, void*) {
     PyObject* type = PyExc_RuntimeError;
     switch (e.code()) {
       case ErrorCode::kInvalidArgument:
-        // A wrong dtype is a type problem; every other contract violation a value problem.
-        type = std::strstr(e.what(), ": expected dtype ") ? PyExc_TypeError : PyExc_ValueError;
+        // A wrong dtype or a missing tensor is a type problem; every other contract violation a
+        // value problem.
+        type = std::strstr(e.what(), ": expected dtype ") || std::strstr(e.what(), ": required tensor is missing")
+                   ? PyExc_TypeError
+                   : PyExc_ValueError;
         break;
       case ErrorCode::kUnsupported:
         type = PyExc_NotImplementedError;
@@ -350,18 +447,24 @@ NB_MODULE(_ext, m) {
   m.doc() = "FlashKDA native extension: bindings over the C++ API (use the flashkda package, not this module)";
   nb::register_exception_translator(translate_error);
 
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
-        nb::arg("A_log"), nb::arg("dt_bias"), nb::arg("out"), nb::arg("initial_state").none(),
+  // Every tensor argument accepts None: it becomes a default flashkda::Tensor (not given), and the
+  // C++ validation names a required one that is missing ("A_log: required tensor is missing").
+  m.def("forward", &forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("g").none(),
+        nb::arg("beta").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("out").none(),
+        nb::arg("initial_state").none(),
         nb::arg("final_state").none(), nb::arg("cu_seqlens").none(), nb::arg("lower_bound"), nb::arg("scale"),
         nb::arg("gate"), nb::arg("check_cu_seqlens"), nb::arg("stream"), nb::arg("workspace_alloc").none(),
         nb::arg("bf16_views"),
         "Runs flashkda::forward on tensors given through DLPack / the buffer protocol (no copies).");
-  m.def("oracle_forward", &oracle_forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
-        nb::arg("beta"), nb::arg("A_log"), nb::arg("dt_bias"), nb::arg("initial_state").none(),
+  m.def("oracle_forward", &oracle_forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("g").none(), nb::arg("beta").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
+        nb::arg("initial_state").none(),
         nb::arg("cu_seqlens").none(), nb::arg("lower_bound"), nb::arg("scale"), nb::arg("gate"),
         nb::arg("bf16_views") = 0,
         "Testing hook: the fp64 per-token oracle on host tensors; returns (out [B, T, H, V], "
         "final_state [N, H, V, K]) as float64 NumPy arrays (final_state starts from initial_state or 0).");
+  m.def("check_array", &check_array, nb::arg("index"), nb::arg("array"), nb::arg("bf16_view") = false,
+        "Imports one array as argument ARG_NAMES[index] would be, raising the call's error when it cannot be.");
   m.def("stream_synchronize", &stream_synchronize, nb::arg("stream"),
         "Waits for the work enqueued on a cudaStream_t (a no-op without CUDA).");
   m.def("cuda_compiled", &flashkda::cuda_compiled, "True when the library was built with its CUDA kernels.");

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flashkda
-from kda_helpers import BF16, K, check_against_oracle, make_problem, oracle, rel, run_forward
+from kda_helpers import BF16, ml_dtypes, K, check_against_oracle, make_problem, oracle, rel, run_forward
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +181,32 @@ BAD_INPUTS = {
     "out float32": (lambda: _bad(out=np.zeros((1, 20, 2, K), np.float32)), TypeError,
                     "out: expected dtype bfloat16, got float32"),
     "stream object": (lambda: _bad(stream="s"), TypeError, "stream: expected an int cudaStream_t"),
+    # Not arrays, missing arrays, dtypes without a DLPack / buffer export, non-number scalars
+    "q a list": (lambda: _bad(q=lambda p: p["q"].tolist()), TypeError,
+                 "q: expected a tensor or array (torch, NumPy, CuPy, JAX; anything with DLPack or the buffer "
+                 "protocol), got list"),
+    "A_log a tuple": (lambda: _bad(A_log=lambda p: tuple(p["A_log"].tolist())), TypeError,
+                      "A_log: expected a tensor or array"),
+    "q None": (lambda: _bad(q=None), TypeError, "q: required tensor is missing"),
+    "A_log None": (lambda: _bad(A_log=None), TypeError, "A_log: required tensor is missing"),
+    "dt_bias None": (lambda: _bad(dt_bias=None), TypeError, "dt_bias: required tensor is missing"),
+    "q float8": (lambda: _bad(q=lambda p: p["q"].astype(ml_dtypes.float8_e4m3fn)), TypeError,
+                 "q: expected dtype bfloat16, got float8_e4m3fn"),
+    "initial_state float8": (lambda: _bad(initial_state=lambda p: p["initial_state"].astype(ml_dtypes.float8_e5m2)),
+                             TypeError, "initial_state: expected dtype bfloat16 or float32, got float8_e5m2"),
+    "out read-only": (lambda: _bad(out=_read_only(np.zeros((1, 20, 2, K), BF16))), TypeError,
+                      "out: expected a writable tensor or array (it is written in place), got a read-only"),
+    "scale a string": (lambda: _bad(scale="0.1"), TypeError, "scale: expected a real number, got str"),
+    "lower_bound None": (lambda: _bad(lower_bound=None), TypeError,
+                         "lower_bound: expected a real number, got NoneType"),
+    "lower_bound an array": (lambda: _bad(lower_bound=np.array([-1.0, -2.0])), TypeError,
+                             "lower_bound: expected a real number, got ndarray"),
 }
+
+
+def _read_only(x):
+    x.flags.writeable = False
+    return x
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -202,6 +227,85 @@ def test_state_dtype_mismatch_in_fwd():
                      initial_state=p["initial_state"], final_state=final_state)
 
 
+def _fwd_problem():
+    p = make_problem(lengths=[7, 0, 5], state="bfloat16", seed=14)
+    p["out"] = np.full((1, 12, 2, K), 3, dtype=BF16)
+    p["final_state"] = np.full_like(p["initial_state"], 3)
+    return p
+
+
+def _fwd(p, **changes):
+    d = dict(p, **changes)
+    return flashkda.fwd(d["q"], d["k"], d["v"], d["g"], d["beta"], d.get("scale", K ** -0.5), d["out"], d["A_log"],
+                        d["dt_bias"], d.get("lower_bound", -5.0), d["initial_state"], d["final_state"], d["cu_seqlens"])
+
+
+def test_compat_fwd_scale_none_means_k_to_the_minus_half():
+    p = _fwd_problem()
+    assert _fwd(p, scale=None) is None
+    check_against_oracle(p, p["out"], p["final_state"], scale=K ** -0.5)
+    explicit = _fwd_problem()
+    _fwd(explicit)
+    np.testing.assert_array_equal(p["out"].view(np.uint16), explicit["out"].view(np.uint16))
+    np.testing.assert_array_equal(p["final_state"].view(np.uint16), explicit["final_state"].view(np.uint16))
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "A_log", "dt_bias", "out"])
+def test_compat_fwd_none_for_a_required_tensor_names_it(name):
+    p = _fwd_problem()
+    with pytest.raises(TypeError, match=re.escape(f"{name}: required tensor is missing")):
+        _fwd(p, **{name: None})
+    assert (p["final_state"].astype(np.float32) == 3).all()
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("scale", "0.1", "scale: expected a real number, got str"),
+    ("scale", [0.1], "scale: expected a real number, got list"),
+    ("lower_bound", "-5", "lower_bound: expected a real number, got str"),
+    ("lower_bound", None, "lower_bound: expected a real number, got NoneType"),
+])
+def test_compat_fwd_non_number_scalars_name_the_argument(name, value, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        _fwd(_fwd_problem(), **{name: value})
+
+
+def test_compat_fwd_list_argument_names_it():
+    p = _fwd_problem()
+    with pytest.raises(TypeError, match=re.escape("cu_seqlens: expected a tensor or array")):
+        _fwd(p, cu_seqlens=p["cu_seqlens"].tolist())
+    with pytest.raises(TypeError, match=re.escape("q: expected a tensor or array")):
+        _fwd(p, q=p["q"].tolist())
+
+
+def test_empty_optional_arrays_are_given_and_checked():
+    """Empty arrays are passed, not taken for absent ones (then refused by their shapes)."""
+    p = _fwd_problem()
+    with pytest.raises(ValueError, match=re.escape("initial_state: expected shape [3, 2, 128, 128] [N, H, V, K], "
+                                                   "got [0, 2, 128, 128]")):
+        _fwd(p, initial_state=np.empty((0, 2, K, K), BF16))
+    with pytest.raises(ValueError, match=re.escape("final_state: expected shape [3, 2, 128, 128] [N, H, V, K], "
+                                                   "got [0, 2, 128, 128]")):
+        _fwd(p, final_state=np.empty((0, 2, K, K), BF16))
+    with pytest.raises(ValueError, match=re.escape("cu_seqlens: expected at least 2 entries [N + 1]")):
+        _fwd(p, cu_seqlens=np.empty(0, np.int64), initial_state=None, final_state=None)
+    assert (p["out"].astype(np.float32) == 3).all()
+
+
+def test_oracle_hook_validates_before_allocating():
+    """The testing hook sizes its buffers from validated shapes only: a [1, 0, 2, 2**40] v (no
+    elements) is refused for its head size, not taken for a 2**52-byte state allocation."""
+    p = make_problem(T=0, state=None)
+    p["v"] = np.empty((1, 0, 2, 2 ** 40), BF16)
+    with pytest.raises(NotImplementedError, match=re.escape("v: head dimension V must be 128")):
+        oracle(p)
+    p = make_problem(T=0, state=None)
+    p["cu_seqlens"] = np.arange(2 ** 20, dtype=np.int64)  # 2**20 - 1 sequences for T = 0 tokens
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        oracle(p)
+    with pytest.raises(TypeError, match=re.escape("q: required tensor is missing")):
+        oracle(dict(p, q=None))
+
+
 def test_refused_call_writes_nothing():
     p = make_problem(lengths=[4, 4], state=None)
     p["cu_seqlens"] = np.array([0, 6, 5])
@@ -217,10 +321,29 @@ def test_refused_call_writes_nothing():
 def test_info_names_the_backends():
     info = flashkda.info()
     assert info["cuda_kernels"] == flashkda.WITH_CUDA
-    assert info["backends"] == (["cpu", "cuda"] if flashkda.WITH_CUDA else ["cpu"])
+    usable = flashkda.WITH_CUDA and info["cuda_devices"] > 0
+    assert info["backends"] == (["cpu", "cuda"] if usable else ["cpu"])
     assert info["version"] == flashkda.__version__
     text = subprocess.run([sys.executable, "-m", "flashkda"], capture_output=True, text=True, check=True).stdout
     assert "cuda_kernels:" in text and "backends:" in text
+
+
+@pytest.mark.parametrize("compiled, devices, backends", [
+    (True, 0, ["cpu"]),  # kernels built in, but no device visible (CUDA_VISIBLE_DEVICES="", no driver)
+    (True, 2, ["cpu", "cuda"]),
+    (False, 0, ["cpu"]),
+])
+def test_info_lists_cuda_only_when_it_can_run(monkeypatch, compiled, devices, backends):
+    from flashkda import _ext
+
+    monkeypatch.setattr(_ext, "cuda_compiled", lambda: compiled)
+    monkeypatch.setattr(_ext, "cuda_device_count", lambda: devices)
+    monkeypatch.setattr(_ext, "cuda_device_name", lambda: "NVIDIA H200" if devices else "")
+    info = flashkda.info()
+    assert info["backends"] == backends
+    assert info["cuda_kernels"] is compiled and info["cuda_devices"] == devices
+    assert info["cuda_device_name"] == ("NVIDIA H200" if devices else "")
+    assert set(info) == {"version", "cuda_kernels", "backends", "cuda_devices", "cuda_device_name", "torch_ops", "note"}
 
 
 def test_jax_cpu_arrays():
