@@ -25,20 +25,24 @@ constexpr int kHeadDim = 128;  // K = V = 128
 // C fragments map onto the same entries, so its stores are whole 128/256-byte lines.
 //   Wk  fp32 pairs [2 token halves][16 channel tiles][32 lanes]  (tf32-rounded)
 //   Qe  bf16 pairs [2 token halves][16 channel tiles][32 lanes]
-//   Kr  bf16 pairs [16 channel tiles][2 token halves][32 lanes]  (rows = channels, k = tokens)
-// Qe and Kr in bf16 halve their bytes; Wk stays tf32: X = S Wk cancels against W V when the
-// state is large, and bf16 there costs 1e-3 more on final_state (tools/numerics). W and M are
-// small fp32 [16][16] tiles read as 8-byte pairs; W is kept whole and split hi + lo by the
-// state kernel.
+//   Kr  fp32 pairs [16 channel tiles][2 token halves][32 lanes]  (rows = channels, k = tokens;
+//                                                                  tf32-rounded)
+// Qe in bf16 halves its bytes. Wk and Kr stay tf32: X = S Wk cancels against W V when the state
+// is large, and Kr enters every state update; bf16 Kr cost 3.2e-3 on a bf16 final_state with a
+// large initial state and little decay, against 1.9e-3 in tf32 (tools/numerics, tf32-qk16 and
+// tf32-q16; the contract's bar is 3e-3). W and M are small fp32 [16][16] tiles read as 8-byte
+// pairs; W is kept whole and split hi + lo by the state kernel.
 struct ChunkRecord {
   static constexpr uint32_t kWk = 0;         // W K~                 fp32 fragments, 8192 B
   static constexpr uint32_t kQe = 8192;      // Q~ - M W K~          bf16 fragments, 4096 B
-  static constexpr uint32_t kKr = 12288;     // (K^ e^(G_C - G))^T   bf16 fragments, 4096 B
-  static constexpr uint32_t kW = 16384;      // W = (I + L)^-1 Diag(beta) [16][16], swizzle_16
-  static constexpr uint32_t kM = 17408;      // M (tf32)                  [16][16], swizzle_16
-  static constexpr uint32_t kDecay = 18432;  // exp(G_C)                  [128]
-  static constexpr uint32_t kBytes = 18944;  // a multiple of 128: stages stay aligned
+  static constexpr uint32_t kKr = 12288;     // (K^ e^(G_C - G))^T   fp32 fragments, 8192 B
+  static constexpr uint32_t kW = 20480;      // W = (I + L)^-1 Diag(beta) [16][16], swizzle_16
+  static constexpr uint32_t kM = 21504;      // M (tf32)                  [16][16], swizzle_16
+  static constexpr uint32_t kDecay = 22528;  // exp(G_C)                  [128]
+  static constexpr uint32_t kBytes = 23040;  // a multiple of 128: stages stay aligned
 };
+static_assert(ChunkRecord::kBytes % 128 == 0 && ChunkRecord::kDecay + kHeadDim * 4 == ChunkRecord::kBytes,
+              "the record's last field ends it, on a 128-byte boundary");
 
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         aw[kt][r] = __float_as_uint(ptx::tf32_operand(__uint_as_float(aw[kt][r])));
-        am[kt][r] = __float_as_uint(ptx::tf32_operand(-__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
+        am[kt][r] = __float_as_uint(-ptx::tf32_operand(__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
       }
     }
 #pragma unroll
@@ -261,15 +261,15 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   }
 
   // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
-  // (g, t = 0..3) of the two token-half fragments: one 16-byte store per half.
+  // (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half.
 #pragma unroll
   for (int kt = 0; kt < 2; ++kt) {
-    uint4 x;
-    x.x = ptx::pack_bf16x2(kr[8 * kt + 0], kr[8 * kt + 1]);
-    x.y = ptx::pack_bf16x2(kr[8 * kt + 2], kr[8 * kt + 3]);
-    x.z = ptx::pack_bf16x2(kr[8 * kt + 4], kr[8 * kt + 5]);
-    x.w = ptx::pack_bf16x2(kr[8 * kt + 6], kr[8 * kt + 7]);
-    *reinterpret_cast<uint4*>(rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 4)) = x;
+    uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      reinterpret_cast<float4*>(dst)[h] =
+          make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
+                      ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
   }
   // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
   float* small = reinterpret_cast<float*>(rec);

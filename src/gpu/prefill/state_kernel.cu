@@ -144,6 +144,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
 template <int VW, int KS, int STAGES, bool kSplit>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
+  static_assert(kSmem <= kMaxBlockSmem, "the stages must fit one block's shared memory");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -157,8 +158,9 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // Stages: as many 31.5 KB stages as shared memory holds at the blocks per multiprocessor that
-  // the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages; 4x1: two blocks, 3).
+  // Stages (kStageBytes, 26.5 KB): as many as shared memory holds at the blocks per
+  // multiprocessor that the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages;
+  // 4x1: two blocks, 3).
   if (p.split.mid_state) {  // the segment-parallel form exists for the few-heads layout only
     if (config.value_slices != 1 || config.key_parts != 4)
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 layout only");

@@ -21,7 +21,8 @@ namespace {
 
 using namespace state_pass;
 
-constexpr int kStages = 6;
+// Five stages: six no longer fit beside the staged state once Kr went back to tf32 (27 KB stages).
+constexpr int kStages = 5;
 constexpr int kWarps = 8;  // 8 value slices of 16 columns: the whole head, all key channels
 constexpr int kThreads = (kWarps + 1) * 32;
 
@@ -31,6 +32,7 @@ constexpr int kThreads = (kWarps + 1) * 32;
 __host__ __device__ constexpr uint32_t staged_row_bytes(bool f32) { return f32 ? 544 : 272; }
 constexpr uint32_t kStagedStateBytes = kHeadDim * staged_row_bytes(true);
 constexpr int kSmem = 128 + kStages * kStageBytes + kStagedStateBytes;
+static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one block's shared memory");
 
 // This lane's C fragments of value columns [vbase, vbase + 16) from the staged state.
 __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], const uint8_t* staged, bool f32,

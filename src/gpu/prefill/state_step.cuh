@@ -72,7 +72,7 @@ struct SliceExchange {
 struct LaneOffsets {
   uint32_t wk;     // Wk entry of this warp's first channel tile, token half 0; + 4096 nt + 256 nl
   uint32_t qe;     // Qe entry, same fragment;                                  + 2048 nt + 128 nl
-  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 256 nl + 128 kt
+  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 512 nl + 256 kt
   uint32_t m[2];   // M and W: row g, token k-tile kt;                          + 512 nt
   uint32_t decay;  // exp(G_C): channel 8 tile0 + 2 t4;                         + 32 nl
 
@@ -82,7 +82,7 @@ struct LaneOffsets {
     const int tile0 = kpart * kTiles;  // first channel tile of this warp
     wk = ChunkRecord::kWk + fragment_entry(tile0, lane, 8);
     qe = ChunkRecord::kQe + fragment_entry(tile0, lane, 4);
-    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane, 4);
+    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane, 8);
 #pragma unroll
     for (int k = 0; k < 2; ++k) m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
     decay = ChunkRecord::kDecay + 4 * (8 * tile0 + 2 * t4);
@@ -182,8 +182,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
-      const float hi_x = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.x)) & 0xffffe000u);
-      const float hi_y = __uint_as_float(__float_as_uint(ptx::tf32_operand(w.y)) & 0xffffe000u);
+      const float hi_x = ptx::tf32_high_part(w.x), hi_y = ptx::tf32_high_part(w.y);
       ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
       ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
     }
@@ -207,7 +206,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     acc[nl][3] *= d.y;
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      const float2 b = load_bf16_pair(rec + o.kr + 256 * nl + 128 * kt);
+      const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
       ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
     }
   }
@@ -248,6 +247,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
 constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kChunk * kHeadDim * 2;
+// Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90).
+constexpr int kMaxBlockSmem = 227 * 1024;
 
 // Fills a stage (one producer thread): the chunk record, and the chunk's 16 v rows of head h
 // as one tensor-map tile (rows past the problem's end arrive as zeros).

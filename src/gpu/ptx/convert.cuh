@@ -20,11 +20,22 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
 
 // x rounded to the nearest tf32 value (ties away from zero, as cvt.rna.tf32.f32), as an mma
 // operand: half a tf32 ulp added to the bit pattern, whose low 13 bits the tensor cores then
-// drop (`& 0xffffe000u` makes it the tf32 value itself). One integer add where cvt.rna costs
-// about four instructions of Inf/NaN checks; the same result for finite x. A NaN may wrap to
-// -0, so only where a NaN input also reaches the output another way: in the prep and state
-// kernels every such operand has an fp32 or bf16 twin (Qe, Kr, W, exp(G_C), the state) that
-// carries the NaN.
-__device__ __forceinline__ float tf32_operand(float x) { return __uint_as_float(__float_as_uint(x) + 0x1000u); }
+// drop (`& 0xffffe000u` makes it the tf32 value itself). The add alone would wrap the canonical
+// NaN 0x7fffffff to 0x80000fff, -0 to the tensor cores, and a NaN input would vanish from every
+// product; the signed max keeps x itself exactly when the add wrapped. Two integer instructions
+// where cvt.rna costs about four; the same result for every finite x, Inf becomes NaN. A NaN of
+// the form 0xfffffxxx (a negated canonical NaN) would still wrap: round first, then negate.
+__device__ __forceinline__ float tf32_operand(float x) {
+  const int32_t bits = __float_as_int(x);
+  const auto rounded = static_cast<int32_t>(static_cast<uint32_t>(bits) + 0x1000u);  // wraps, no UB
+  return __int_as_float(max(rounded, bits));
+}
+
+// The tf32 value nearest x for a hi + lo split (lo = x - hi): the plain add, one instruction
+// fewer than tf32_operand(x) & 0xffffe000u. It may turn a NaN into -0, which is harmless only
+// because lo = NaN - hi is NaN and carries it.
+__device__ __forceinline__ float tf32_high_part(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
 
 }  // namespace flashkda::ptx
