@@ -303,7 +303,7 @@ TEST(CpuBackend, NonFiniteInputsPropagateAsInTheOracle) {
         const std::string why = testing::non_finite_violation(p, ref_out.data(), rp.out(), ref_state.data(),
                                                               rp.final_state(), kBar, &nonfinite_ref);
         EXPECT_EQ(why, "") << gate_name(gate) << " gate, " << testing::input_name(which) << " = " << value;
-        if (value != value)  // a NaN always reaches the oracle's output: the check above was not vacuous
+        if (why.empty() && value != value)  // a NaN always reaches the oracle's output: the check was not vacuous
           EXPECT_GT(nonfinite_ref, 0u) << gate_name(gate) << " gate, " << testing::input_name(which) << " = NaN";
       }
 }
