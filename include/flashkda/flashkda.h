@@ -1,7 +1,7 @@
 // FlashKDA public C++ API: Kimi Delta Attention forward (prefill) over raw pointers.
 //
 // All tensors are dense, contiguous and row-major. Shapes follow ../docs/architecture.md and
-// the contract (KDA.md): activations tokens-major [B, T, H, D], state V-major [N, H, V, K].
+// the contract (docs/contract.md): activations tokens-major [B, T, H, D], state V-major [N, H, V, K].
 // Host pointers run on the CPU backend; device pointers on the CUDA path. forward() never
 // allocates device memory: query forward_workspace_size() and pass a buffer that large.
 #pragma once

@@ -355,7 +355,7 @@ void stream_synchronize(uintptr_t stream) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fp64 oracle, for tests: the per-token definition of KDA.md on host tensors.
+// The fp64 oracle, for tests: the per-token definition of docs/contract.md on host tensors.
 
 template <typename T>
 nb::ndarray<nb::numpy, T> owned_numpy(std::unique_ptr<T[]> data, std::initializer_list<size_t> shape) {

@@ -1,4 +1,4 @@
-// The gate and beta activations of KDA.md, in natural-log units, for any float type.
+// The gate and beta activations of docs/contract.md, in natural-log units, for any float type.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The CPU backend: the chunked form of KDA.md with chunk C = 16, fp32 arithmetic, one
+// The CPU backend: the chunked form of docs/contract.md with chunk C = 16, fp32 arithmetic, one
 // (sequence, head) pair at a time per thread.
 //
 // Layout. Inside this file the state of one (sequence, head) is a contiguous fp32 array in
@@ -97,7 +97,7 @@ inline float log1p_unit(float z) {
 // G_r - G_s = -inf + inf = NaN where the per-token definition simply resets the state).
 constexpr float kMinLogDecay = -100.0f;
 
-// The log-decay a of K channels (KDA.md, common/gate.h), in a form the compiler vectorises.
+// The log-decay a of K channels (docs/contract.md, common/gate.h), in a form the compiler vectorises.
 // exp_A = exp(A_log[h]).
 //   safe:      a = lower_bound * sigmoid(exp_A x) = lower_bound / (1 + exp(-exp_A x))
 //   softplus:  a = -exp_A softplus(x),  softplus(x) = max(x, 0) + log1p(exp(-|x|))

@@ -1,4 +1,4 @@
-// The CPU backend: the chunked form of KDA.md (chunk 16) in fp32, threads over (sequence, head).
+// The CPU backend: the chunked form of docs/contract.md (chunk 16) in fp32, threads over (sequence, head).
 #pragma once
 
 #include "common/problem.h"

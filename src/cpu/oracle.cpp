@@ -1,4 +1,4 @@
-// fp64 references of KDA.md: the per-token definition (oracle_forward) and the chunked form
+// fp64 references of docs/contract.md: the per-token definition (oracle_forward) and the chunked form
 // (oracle_forward_chunked). Both read the same bf16 / fp32 inputs as every other path, convert
 // them exactly to double and do all arithmetic in double. They favour clarity over speed; the
 // only concession to speed is running the (sequence, head) pairs on a few threads.

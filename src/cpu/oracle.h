@@ -1,4 +1,4 @@
-// fp64 references. oracle_forward is the per-token definition of KDA.md, literally; it is the
+// fp64 references. oracle_forward is the per-token definition of docs/contract.md, literally; it is the
 // reference every other path is tested against. oracle_forward_chunked is the chunked form in
 // fp64, kept to show the chunked algebra equals the definition.
 #pragma once

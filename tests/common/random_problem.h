@@ -1,7 +1,7 @@
-// Random host problems for the tests, and the error measure of KDA.md.
+// Random host problems for the tests, and the error measure of docs/contract.md.
 //
 // A RandomProblem owns every buffer (std::vector) and exposes a flashkda::Problem whose
-// pointers refer to them. Inputs follow KDA.md: q, k, v ~ N(0,1), g ~ N(0,1) (or a constant,
+// pointers refer to them. Inputs follow docs/contract.md: q, k, v ~ N(0,1), g ~ N(0,1) (or a constant,
 // or U(-8,8)), dt_bias ~ U(0,1) (or U(-8,8)), A_log ~ U(0,1), beta_logit ~ N(0,1), initial
 // state N(0,1) (or N(0,1) * 1e3). The same spec and seed always give the same problem.
 #pragma once

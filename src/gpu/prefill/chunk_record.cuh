@@ -1,6 +1,6 @@
 // The per-(chunk, head) record the prep kernel writes and the state-pass kernel reads.
 //
-// Chunk form of KDA.md with W = (I + L)^{-1} Diag(beta) (C = 16 tokens, state S [K, V]):
+// Chunk form of docs/contract.md with W = (I + L)^{-1} Diag(beta) (C = 16 tokens, state S [K, V]):
 //   U = W (V - K~ S) = WV - Wk S           with Wk = W K~, WV = W V
 //   O = Q~ S + M U   = Qe S + M WV         with Qe = Q~ - M Wk
 // V itself does not go through the record: the state kernel copies the chunk's rows of v from

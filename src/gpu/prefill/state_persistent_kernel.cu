@@ -2,7 +2,7 @@
 //
 // The per-(sequence, head) kernel (state_kernel.cu) starts every block with an empty pipeline
 // and a state load from device memory, and ends it with the pipeline drained: for 8-chunk
-// sequences (PERFORMANCE.md's P9) that overhead outweighed the 8 chunk steps (23.6 us a block
+// sequences (docs/benchmark.md's P9) that overhead outweighed the 8 chunk steps (23.6 us a block
 // against 8 x 1.36 us), and one 288-thread block per multiprocessor hides none of it. Here one
 // block per multiprocessor (8x1 layout) takes item blockIdx.x, then items from a counter in the
 // workspace (zeroed by the prep kernel), so long and short items balance as the hardware's block
