@@ -1,69 +1,365 @@
 #!/usr/bin/env python3
 """Turns `flashkda bench` JSON (one run, or two runs of the same build) into the Markdown table
-recorded in bench/results/. The reference columns are the published numbers of
-PERFORMANCE.md (same H200 model, same shapes); every other number comes from the JSON.
+recorded in bench/results/, and optionally a plot (PNG) of each case against its floor and the
+peers' figures.
 
-usage: bench_report.py RUN.json [REPEAT.json] > h200.md
+GPU runs: beside our median, the reference figures of docs/benchmark.md (one H200, same shapes):
+the floor, the fastest peer, FlashKDA (the original CUDA kernel), the FlashKDA fork, Triton (fla),
+the done-when and goal times, and our speedup over the fastest peer; the floor measured in the
+run is printed too. CPU runs (scaled-down shapes) have no floor, bandwidth or peer columns.
+
+usage: bench_report.py RUN.json [REPEAT.json] [--plot PLOT.png] > h200.md
+
+The plot needs matplotlib (`pip install matplotlib`); without it the script says so on stderr and
+still prints the Markdown.
 """
+import argparse
 import json
+import math
+import os
 import sys
 
-# PERFORMANCE.md: fastest existing CUDA kernel, Triton kernel (None: not measured), goal.
+# docs/benchmark.md, ms on one H200 (K = V = 128, bf16 state, safe gate): shape, reference floor,
+# fastest peer, FlashKDA (original CUDA kernel), FlashKDA fork, Triton (fla), done-when, goal.
+# None: no figure.
+MIXED = [1300, 547, 2048, 963, 271, 3063]
 REFERENCE_MS = {
-    "P1": (1.428, 2.909, 0.48), "P2": (1.373, 2.970, 0.49), "P3": (1.184, 2.939, 0.50),
-    "P4": (1.221, 1.942, 0.32), "P5": (0.991, 2.014, 0.33), "P6": (0.800, 2.009, 0.33),
-    "P7": (3.315, 2.108, 0.30), "P8": (6.373, 2.554, 0.30), "P9": (0.485, None, 0.22),
-    "P10": (2.399, None, 0.63),
+    #       seq_lens          H    floor  fastest flashkda fork  triton done  goal
+    "P1": ([8192], 96, 0.240, 0.921, 1.421, 0.921, 2.646, 0.70, 0.48),
+    "P2": (MIXED, 96, 0.247, 0.739, 1.371, 0.739, 2.63, 0.56, 0.49),
+    "P3": ([1024] * 8, 96, 0.250, 0.720, 1.175, 0.720, 2.614, 0.55, 0.50),
+    "P4": ([8192], 64, 0.160, 0.825, 1.228, 0.825, 1.766, 0.47, 0.32),
+    "P5": (MIXED, 64, 0.165, 0.545, 1.001, 0.545, 1.79, 0.42, 0.33),
+    "P6": ([1024] * 8, 64, 0.167, 0.490, 0.793, 0.490, 1.798, 0.38, 0.33),
+    "P7": ([32768], 8, 0.080, 1.489, 3.287, 2.433, 1.489, 0.50, 0.30),
+    "P8": ([65536], 4, 0.079, 2.179, 6.297, 4.739, 2.179, 0.60, 0.30),
+    "P9": ([128] * 64, 32, 0.111, 0.372, 0.479, 0.372, 1.001, 0.29, 0.22),
+    "P10": ([16384] * 4, 16, 0.319, 1.614, 2.393, 1.614, 3.472, 0.95, 0.63),
+    "P11": ([131072], 8, 0.32, None, None, None, None, 1.6, 0.8),
 }
+FIELDS = ("seq_lens", "heads", "floor", "fastest", "flashkda", "fork", "triton", "done_when", "goal")
+# docs/benchmark.md's done-when: at least this much faster than the fastest peer, and at most the
+# done-when time.
+DONE_SPEEDUP = 1.25
+
+
+def reference(case):
+    """The reference figures of a case (a dict of FIELDS), or None when the case is not one of
+    docs/benchmark.md's or was run on another shape (a custom shape, a scaled-down CPU run)."""
+    ref = REFERENCE_MS.get(case.get("name"))
+    if ref is None:
+        return None
+    ref = dict(zip(FIELDS, ref))
+    if list(case.get("seq_lens", [])) != ref["seq_lens"] or case.get("heads") != ref["heads"]:
+        return None
+    return ref
 
 
 def fmt(x, digits=3):
-    return "-" if x is None else f"{x:.{digits}f}"
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{digits}f}"
 
 
-def main(paths):
-    runs = [json.load(open(p)) for p in paths]
+def fmt_err(x):
+    return "-" if x is None else f"{x:.2e}"
+
+
+def fmt_count(x):
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def seq_text(seq):
+    if len(seq) > 1 and len(set(seq)) == 1:
+        return f"{len(seq)} x [{seq[0]}]"
+    return str(seq).replace(" ", "")
+
+
+def median(case):
+    return case.get("median_ms")
+
+
+def load(paths):
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
+    backends = {r.get("backend") for r in runs}
+    if len(backends) > 1:
+        sys.exit(f"bench_report.py: the runs mix backends ({', '.join(sorted(map(str, backends)))})")
+    return runs
+
+
+def repeat_of(runs, case):
+    """The same case (name and shape) in the repeat run, or None."""
+    if len(runs) < 2:
+        return None
+    for c in runs[1]["cases"]:
+        if (c["name"], c.get("seq_lens"), c.get("heads")) == (case["name"], case.get("seq_lens"), case.get("heads")):
+            return c
+    return None
+
+
+def error_row(cells, header):
+    """A table row for a case that raised an error: its first cells, the message, empty cells."""
+    columns = header.count("|") - 1
+    return "| " + " | ".join(cells) + " |" + " |" * (columns - len(cells))
+
+
+def gpu_report(runs, paths, plot_path):
     first = runs[0]
-    commits = {r["commit"] for r in runs}
-    out = []
-    out.append(f"# FlashKDA on {first['device']}\n")
+    commits = sorted({r["commit"] for r in runs})
+    out = [f"# FlashKDA on {first.get('device') or 'the GPU'}\n"]
+    bw = first.get("copy_bandwidth_tbps")
+    bw_text = f"device-to-device copy bandwidth {fmt(bw, 2)} TB/s measured in the run"
+    if len(runs) > 1:
+        bw_text += f" ({fmt(runs[1].get('copy_bandwidth_tbps'), 2)} in the repeat)"
     out.append(f"Generated by `scripts/bench_report.py` from `flashkda bench` JSON "
-               f"({', '.join(p.split('/')[-1] for p in paths)}); commit {', '.join(sorted(commits))}; "
-               f"device-to-device copy bandwidth {first['copy_bandwidth_tbps']:.2f} TB/s measured in the run"
-               + (f" ({runs[1]['copy_bandwidth_tbps']:.2f} in the repeat)" if len(runs) > 1 else "") + ".\n")
+               f"({', '.join(os.path.basename(p) for p in paths)}); commit {', '.join(commits)}; {bw_text}.\n")
     out.append("Median of CUDA-event timings of single forward calls after warm-up, inputs rotated beyond "
-               "the L2, outputs poisoned and checked written (bench/README.md). `x floor`: median over "
-               "the memory floor of PERFORMANCE.md. `target`: the faster of the two existing kernels. "
-               "Errors: fp64 oracle on two heads of every sequence, bar 5e-3.\n")
-    header = "| case | seq_lens | H | median ms | repeat ms | min / max ms | TB/s | x floor | existing CUDA ms | Triton ms | target ms | vs target | goal ms | err out | err state |"
+               "the L2, outputs poisoned and checked written (bench/README.md). `floor`: the bytes of "
+               "docs/benchmark.md's formula over the copy bandwidth measured in this run; `x floor`: our "
+               "median over it. Reference columns (ms, one H200, from docs/benchmark.md): `ref floor`, the "
+               "`fastest peer`, `FlashKDA` (the original CUDA kernel), its `fork`, `Triton` (fla), "
+               f"`done-when` (met: at least {DONE_SPEEDUP}x faster than the fastest peer and at most that "
+               "time) and `goal`. `speedup`: the fastest peer's time over ours; with a repeat, the slower "
+               "of the two runs counts. Errors: fp64 oracle on two heads of every sequence, bar 3e-3.\n")
+    header = ("| case | seq_lens | H | median ms | repeat ms | min / max ms | TB/s | floor ms | x floor "
+              "| ref floor | fastest peer | FlashKDA | fork | Triton | speedup | done-when | met | goal "
+              "| err out | err state |")
     out.append(header)
     out.append("|" + "---|" * (header.count("|") - 1))
-    beats = 0
-    for i, case in enumerate(first["cases"]):
-        name = case["name"]
-        cuda_ms, triton_ms, goal = REFERENCE_MS.get(name, (None, None, case.get("goal_ms")))
-        target = min(x for x in (cuda_ms, triton_ms) if x is not None) if cuda_ms else None
-        repeat = runs[1]["cases"][i]["median_ms"] if len(runs) > 1 else None
-        worst = max(case["median_ms"], repeat or 0.0)
-        verdict = "-"
-        if target:
-            verdict = f"{'beats' if worst <= target else 'misses'} ({target / worst:.2f}x)"
-            beats += worst <= target
-        seq = case["seq_lens"]
-        seq_text = f"{len(seq)} x [{seq[0]}]" if len(set(seq)) == 1 and len(seq) > 1 else str(seq).replace(" ", "")
+    met = beats = with_peer = with_ref = at_goal = 0
+    rows = []
+    for case in first["cases"]:
+        ref = reference(case)
+        rep = repeat_of(runs, case)
+        ours = median(case)
+        rep_ms = median(rep) if rep else None
+        times = [x for x in (ours, rep_ms) if x is not None]
+        worst = max(times) if times else None
+        speedup = done = None
+        r = ref or {}
+        if worst is not None and r.get("fastest"):
+            speedup = r["fastest"] / worst
+            with_peer += 1
+            beats += speedup >= 1.0
+        if worst is not None and ref is not None:
+            with_ref += 1
+            done = worst <= r["done_when"] and (speedup is None or speedup >= DONE_SPEEDUP)
+            met += done
+            at_goal += worst <= r["goal"]
+        rows.append({"case": case, "ref": ref, "ours": ours, "repeat": rep_ms, "floor": case.get("floor_ms")})
         oracle = case.get("oracle", {})
-        out.append(f"| {name} | {seq_text} | {case['heads']} | {fmt(case['median_ms'])} | {fmt(repeat)} | "
-                   f"{fmt(case['min_ms'])} / {fmt(case['max_ms'])} | {fmt(case.get('effective_tbps'), 2)} | "
-                   f"{fmt(case.get('ratio_to_floor'), 2)} | {fmt(cuda_ms)} | {fmt(triton_ms)} | {fmt(target)} | "
-                   f"{verdict} | {fmt(goal, 2)} | {oracle.get('out_rel', float('nan')):.2e} | "
-                   f"{oracle.get('final_state_rel', float('nan')):.2e} |")
-    out.append(f"\n{beats} of {len(first['cases'])} cases at or under the faster existing kernel "
-               f"(the slower of the two runs counts). All outputs written and within the error bar: "
-               f"{all(r['all_pass'] for r in runs)}.\n")
+        if "error" in case:
+            out.append(error_row([case["name"], seq_text(case["seq_lens"]), str(case["heads"]),
+                                  "error: " + case["error"].replace("|", "/")], header))
+            continue
+        out.append(
+            f"| {case['name']} | {seq_text(case['seq_lens'])} | {case['heads']} | {fmt(ours)} | {fmt(rep_ms)} | "
+            f"{fmt(case.get('min_ms'))} / {fmt(case.get('max_ms'))} | {fmt(case.get('effective_tbps'), 2)} | "
+            f"{fmt(case.get('floor_ms'))} | {fmt(case.get('ratio_to_floor'), 2)} | {fmt(r.get('floor'))} | "
+            f"{fmt(r.get('fastest'))} | {fmt(r.get('flashkda'))} | {fmt(r.get('fork'))} | {fmt(r.get('triton'))} | "
+            f"{'-' if speedup is None else f'{speedup:.2f}x'} | {fmt(r.get('done_when'), 2)} | "
+            f"{'-' if done is None else ('yes' if done else 'no')} | {fmt(r.get('goal'), 2)} | "
+            f"{fmt_err(oracle.get('out_rel'))} | {fmt_err(oracle.get('final_state_rel'))} |")
+    out.append(f"\n{beats} of {with_peer} cases with peer figures at or under the fastest peer; {met} of {with_ref} "
+               f"cases of docs/benchmark.md meet done-when, {at_goal} of {with_ref} the goal (the slower of the runs "
+               f"counts). All outputs written and within the error bar: {all(r.get('all_pass') for r in runs)}.\n")
+    if plot_path and plot_gpu(rows, runs, plot_path):
+        out.append(f"![each case against its floor and the peers]({os.path.basename(plot_path)})\n")
+    return out
+
+
+def cpu_report(runs, paths, plot_path):
+    first = runs[0]
+    commits = sorted({r["commit"] for r in runs})
+    out = ["# FlashKDA CPU backend\n"]
+    note = first.get("scale_note") or ("CPU backend on scaled-down shapes" if first.get("scaled_down")
+                                       else "CPU backend on the shapes given")
+    out.append(f"Generated by `scripts/bench_report.py` from `flashkda bench` JSON "
+               f"({', '.join(os.path.basename(p) for p in paths)}); commit {', '.join(commits)}; "
+               f"{first.get('cpu_threads', '?')} threads; {note}.\n")
+    out.append("A CPU run: no floor, bandwidth or peer columns (docs/benchmark.md's figures are for one H200 "
+               "at the full shapes). Median of steady-clock timings of single forward calls; throughput in "
+               "token-heads per second (tokens x heads / median). Errors: fp64 oracle on two heads of every "
+               "sequence, bar 3e-3.\n")
+    header = ("| case | seq_lens (run) | H | shape of the case | median ms | repeat ms | min / max ms "
+              "| token-heads/s | err out | err state |")
+    out.append(header)
+    out.append("|" + "---|" * (header.count("|") - 1))
+    rows = []
+    for case in first["cases"]:
+        rep = repeat_of(runs, case)
+        rep_ms = median(rep) if rep else None
+        orig = case.get("original_seq_lens")
+        orig_text = f"{seq_text(orig)} x {case.get('original_heads')}" if orig else "-"
+        if "error" in case:
+            out.append(error_row([case["name"], seq_text(case["seq_lens"]), str(case["heads"]), orig_text,
+                                  "error: " + case["error"].replace("|", "/")], header))
+            continue
+        rows.append({"case": case, "ref": None, "ours": median(case), "repeat": rep_ms, "floor": None})
+        oracle = case.get("oracle", {})
+        out.append(f"| {case['name']} | {seq_text(case['seq_lens'])} | {case['heads']} | {orig_text} | "
+                   f"{fmt(median(case))} | {fmt(rep_ms)} | {fmt(case.get('min_ms'))} / {fmt(case.get('max_ms'))} | "
+                   f"{fmt_count(case.get('token_heads_per_s'))} | {fmt_err(oracle.get('out_rel'))} | "
+                   f"{fmt_err(oracle.get('final_state_rel'))} |")
+    target = first.get("cpu_target_token_heads_per_s")
+    line = f"\nOverall {fmt_count(first.get('token_heads_per_s_overall'))} token-heads/s"
+    if target:
+        line += (f"; target >= {fmt_count(target)}: {'met' if first.get('cpu_target_met') else 'NOT met'}"
+                 f" ({'by every case' if first.get('cpu_target_met_every_case') else 'not by every case'})")
+    out.append(line + f". All outputs written and within the error bar: {all(r.get('all_pass') for r in runs)}.\n")
+    if plot_path and plot_cpu(rows, runs, plot_path):
+        out.append(f"![each case]({os.path.basename(plot_path)})\n")
+    return out
+
+
+def pyplot():
+    """matplotlib.pyplot (headless), or None with a note on stderr when it is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        print("bench_report.py: matplotlib is not installed (pip install matplotlib): no plot written; "
+              "the Markdown is complete without it", file=sys.stderr)
+        return None
+
+
+# The peers in the plot: (legend label, key of the reference figures, marker, colour).
+PEERS = [
+    ("FlashKDA (original CUDA)", "flashkda", "v", "#7f7f7f"),
+    ("FlashKDA fork", "fork", "s", "#9467bd"),
+    ("Triton (fla)", "triton", "D", "#2ca02c"),
+]
+
+
+def log_time_axis(ax):
+    """A log-scale time axis labelled in plain numbers at 1, 2 and 5 of each decade."""
+    from matplotlib import ticker
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def plot_gpu(rows, runs, path):
+    """Writes the plot of a GPU run; False when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(max(8, 1.05 * len(rows) + 3.5), 5.5))
+    labelled = set()
+
+    def once(label):
+        if label in labelled:
+            return None
+        labelled.add(label)
+        return label
+
+    for x, row in enumerate(rows):
+        ref = row["ref"] or {}
+        ours, rep, floor = row["ours"], row["repeat"], row["floor"]
+        # The gap between the measured floor and our median.
+        if ours is not None and floor is not None:
+            ax.plot([x + 0.12, x + 0.12], [floor, ours], color="#d62728", alpha=0.2, linewidth=7,
+                    solid_capstyle="butt", zorder=1)
+        # Horizontal ticks across the case: the floor, the fastest peer, done-when and goal.
+        for value, label, color, style, width in (
+                (floor, "floor (measured in the run)", "black", "-", 2.2),
+                (ref.get("fastest"), "fastest peer", "#ff7f0e", "-", 1.6),
+                (ref.get("done_when"), "done-when", "#1f77b4", "--", 1.4),
+                (ref.get("goal"), "goal", "#1f77b4", ":", 1.6)):
+            if value:
+                ax.plot([x - 0.38, x + 0.38], [value, value], color=color, linestyle=style, linewidth=width,
+                        label=once(label), zorder=2)
+        # The peers on the left half, ours (and the repeat) on the right.
+        for i, (label, key, marker, color) in enumerate(PEERS):
+            value = ref.get(key)
+            if value:
+                ax.scatter([x - 0.28 + 0.12 * i], [value], marker=marker, s=34, color=color,
+                           label=once(label), zorder=3)
+        if ours is not None:
+            ax.scatter([x + 0.12], [ours], marker="o", s=55, color="#d62728", label=once("ours (median)"),
+                       zorder=4)
+            text = f"{ours:.3f}" + (f"\n{ours / floor:.1f}x floor" if floor else "")
+            ax.annotate(text, (x + 0.12, ours), textcoords="offset points", xytext=(0, 9), ha="center",
+                        va="bottom", fontsize=7, color="#d62728")
+        if rep is not None:
+            ax.scatter([x + 0.26], [rep], marker="o", s=40, facecolors="none", edgecolors="#d62728",
+                       label=once("ours (repeat)"), zorder=4)
+    log_time_axis(ax)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['case']['name']}\n{seq_label(r['case'])}" for r in rows], fontsize=8)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel("time per forward call, ms (log scale)")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    commits = ", ".join(sorted({r["commit"] for r in runs}))
+    ax.set_title(f"FlashKDA bench on {runs[0].get('device') or 'the GPU'}, commit {commits}: "
+                 f"each case against its floor and the peers (docs/benchmark.md)", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    print(f"bench_report.py: plot written to {path}", file=sys.stderr)
+    return True
+
+
+def plot_cpu(rows, runs, path):
+    """Writes the plot of a CPU run; False when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(rows) + 3), 4.5))
+    for x, row in enumerate(rows):
+        ax.scatter([x], [row["ours"]], marker="o", s=60, color="#d62728", label="ours (median)" if x == 0 else None)
+        if row["repeat"] is not None:
+            ax.scatter([x + 0.15], [row["repeat"]], marker="o", s=60, facecolors="none", edgecolors="#d62728",
+                       label="ours (repeat)" if x == 0 else None)
+    log_time_axis(ax)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['case']['name']}\n{seq_label(r['case'])}" for r in rows], fontsize=8)
+    ax.set_ylabel("time per forward call, ms (log scale)")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    commits = ", ".join(sorted({r["commit"] for r in runs}))
+    ax.set_title(f"FlashKDA CPU backend, commit {commits}: scaled-down shapes, no floor or peer figures",
+                 fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    print(f"bench_report.py: plot written to {path}", file=sys.stderr)
+    return True
+
+
+def seq_label(case):
+    seq = case["seq_lens"]
+    if len(seq) > 1 and len(set(seq)) == 1:
+        text = f"{len(seq)}x{seq[0]}"
+    elif len(seq) > 2:
+        text = f"{len(seq)} seqs"
+    else:
+        text = ",".join(map(str, seq))
+    return f"{text}, H{case['heads']}" + ("\n(error)" if "error" in case else "")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Markdown table (stdout) and optional PNG plot from `flashkda bench` JSON.")
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="a run, and optionally a repeat of it")
+    parser.add_argument("--plot", metavar="PATH.png", help="also write a plot of each case (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if len(args.runs) > 2:
+        parser.error("give one run, or a run and its repeat")
+    runs = load(args.runs)
+    if runs[0].get("backend") == "cpu":
+        out = cpu_report(runs, args.runs, args.plot)
+    else:
+        out = gpu_report(runs, args.runs, args.plot)
     print("\n".join(out))
 
 
 if __name__ == "__main__":
-    if not 2 <= len(sys.argv) <= 3:
-        sys.exit(__doc__)
-    main(sys.argv[1:])
+    main()

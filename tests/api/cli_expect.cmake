@@ -1,10 +1,20 @@
-# Runs EXE with ARGS (a ;-list) and checks its exit code (CODE) and that its output (stdout and
-# stderr together) contains every string of EXPECT (a ;-list, taken literally). With JSON given (not
-# empty), also checks that the file JSON exists and contains every string of JSON_EXPECT.
+# Runs EXE with ARGS (a ;-list) and checks its exit code (CODE), that its output (stdout and
+# stderr together) contains every string of EXPECT and none of NOT_EXPECT (;-lists, taken
+# literally). With JSON given (not empty), also checks that the file JSON exists and contains
+# every string of JSON_EXPECT. With ABSENT, checks that the file ABSENT does not exist afterwards.
+# With ULIMIT_V (KiB), runs EXE under `ulimit -v ULIMIT_V` (sh), to make large allocations fail.
 if(JSON)
   file(REMOVE "${JSON}")
 endif()
-execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(ABSENT)
+  file(REMOVE "${ABSENT}")
+endif()
+if(ULIMIT_V)
+  execute_process(COMMAND sh -c "ulimit -v ${ULIMIT_V} && exec \"$0\" \"$@\"" ${EXE} ${ARGS}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+else()
+  execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+endif()
 set(all "${out}${err}")
 message("${all}")
 if(NOT rc STREQUAL "${CODE}")
@@ -14,6 +24,12 @@ foreach(pattern IN LISTS EXPECT)
   string(FIND "${all}" "${pattern}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "output does not contain '${pattern}'")
+  endif()
+endforeach()
+foreach(pattern IN LISTS NOT_EXPECT)
+  string(FIND "${all}" "${pattern}" at)
+  if(NOT at EQUAL -1)
+    message(FATAL_ERROR "output contains '${pattern}', which it should not")
   endif()
 endforeach()
 if(JSON)
@@ -27,4 +43,7 @@ if(JSON)
       message(FATAL_ERROR "${JSON} does not contain '${pattern}'")
     endif()
   endforeach()
+endif()
+if(ABSENT AND EXISTS "${ABSENT}")
+  message(FATAL_ERROR "${ABSENT} exists, but should not")
 endif()

@@ -6,52 +6,103 @@
 #include <iostream>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
+
 namespace flashkda::cli {
 
+namespace {
+
+// Splits "--name=value" into its name and value; has_value tells whether '=' was there.
+void split_flag(const std::string& arg, std::string& name, std::string& value, bool& has_value) {
+  const size_t eq = arg.find('=');
+  has_value = eq != std::string::npos;
+  name = has_value ? arg.substr(0, eq) : arg;
+  value = has_value ? arg.substr(eq + 1) : std::string();
+}
+
+bool is_switch(const CLI::Option* opt) { return opt->get_items_expected_max() == 0; }
+
+}  // namespace
+
+struct FlagParser::Impl {
+  CLI::App app;
+  Impl(const std::string& summary, const std::string& command) : app(summary, command) {}
+};
+
 FlagParser::FlagParser(std::string command, std::string usage, std::string summary)
-    : command_(std::move(command)), usage_(std::move(usage)), summary_(std::move(summary)) {}
+    : command_(std::move(command)), usage_(std::move(usage)), summary_(std::move(summary)),
+      impl_(std::make_unique<Impl>(summary_, command_)) {
+  CLI::App& app = impl_->app;
+  // --help only: a short -h would also match "-heads" (CLI11 splits short flags); parse() maps a
+  // lone -h to --help.
+  app.set_help_flag("--help", "print this help and exit");
+  // Unknown flags and stray arguments are collected, then reported by parse() in the tool's words.
+  app.allow_extras();
+}
+
+FlagParser::~FlagParser() = default;
 
 void FlagParser::add(const std::string& name, const std::string& metavar, const std::string& help,
                      std::function<void(const std::string&)> apply) {
-  flags_.push_back({name, metavar, help, std::move(apply)});
+  impl_->app.add_option_function<std::string>(name, std::move(apply), help)
+      ->type_name(metavar)
+      ->trigger_on_parse()  // apply each occurrence as it is parsed, in command-line order
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void FlagParser::add_switch(const std::string& name, const std::string& help, std::function<void()> apply) {
-  flags_.push_back({name, "", help, [apply = std::move(apply)](const std::string&) { apply(); }});
-}
-
-const FlagParser::Flag* FlagParser::find(const std::string& name) const {
-  for (const Flag& f : flags_)
-    if (f.name == name) return &f;
-  return nullptr;
+  impl_->app.add_flag_callback(name, std::move(apply), help)->disable_flag_override()->trigger_on_parse();
 }
 
 bool FlagParser::parse(int argc, char** argv, int first) {
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << help();
-      return false;
+  CLI::App& app = impl_->app;
+  // CLI11 takes the arguments last-first. "--name=" is passed as "--name" "", so that the
+  // flag's own check reports the empty value (CLI11 would take the next argument instead).
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= first; --i) {
+    const std::string arg = argv[i];
+    if (arg == "-h") {
+      args.emplace_back("--help");
+    } else if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' && arg.find('=') + 1 == arg.size()) {
+      args.emplace_back();
+      args.push_back(arg.substr(0, arg.size() - 1));
+    } else {
+      args.push_back(arg);
     }
-    if (arg.rfind("--", 0) != 0)
-      throw UsageError(command_ + ": unexpected argument '" + arg + "' (flags start with --; see " + command_ +
-                       " --help)");
-    std::string name = arg, value;
-    bool has_inline_value = false;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_inline_value = true;
+  }
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << help();
+    return false;
+  } catch (const CLI::ArgumentMismatch& e) {
+    // A value missing after the last flag, or a value given to a switch: say which, as before.
+    for (int i = first; i < argc; ++i) {
+      std::string name, value;
+      bool has_value = false;
+      split_flag(argv[i], name, value, has_value);
+      const CLI::Option* opt = app.get_option_no_throw(name);
+      if (!opt || name.rfind("--", 0) != 0) continue;
+      if (is_switch(opt) && has_value)
+        throw UsageError(command_ + ": flag " + name + " takes no value, got '" + value + "'");
+      if (!is_switch(opt) && i + 1 == argc && (!has_value || value.empty()))
+        throw UsageError(command_ + ": flag " + name + " needs a value " + opt->get_type_name());
     }
-    const Flag* flag = find(name);
-    if (!flag) throw UsageError(command_ + ": unknown flag '" + name + "' (see " + command_ + " --help)");
-    if (flag->metavar.empty()) {
-      if (has_inline_value) throw UsageError(command_ + ": flag " + name + " takes no value, got '" + value + "'");
-    } else if (!has_inline_value) {
-      if (i + 1 >= argc) throw UsageError(command_ + ": flag " + name + " needs a value " + flag->metavar);
-      value = argv[++i];
+    throw UsageError(command_ + ": " + e.what() + " (see " + command_ + " --help)");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(command_ + ": " + e.what() + " (see " + command_ + " --help)");
+  }
+  const std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    const std::string& arg = extras.front();
+    if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+      std::string name, value;
+      bool has_value = false;
+      split_flag(arg, name, value, has_value);
+      throw UsageError(command_ + ": unknown flag '" + name + "' (see " + command_ + " --help)");
     }
-    flag->apply(value);
+    throw UsageError(command_ + ": unexpected argument '" + arg + "' (flags start with --; see " + command_ +
+                     " --help)");
   }
   return true;
 }
@@ -77,8 +128,14 @@ std::string FlagParser::help() const {
       first_line = false;
     }
   };
-  for (const Flag& f : flags_) entry("  " + f.name + (f.metavar.empty() ? "" : " " + f.metavar), f.help);
-  entry("  --help", "print this help and exit");
+  const CLI::App& app = impl_->app;
+  const CLI::Option* help_flag = app.get_help_ptr();
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt == help_flag) continue;
+    const std::string metavar = is_switch(opt) ? "" : " " + opt->get_type_name();
+    entry("  " + opt->get_name() + metavar, opt->get_description());
+  }
+  entry("  --help", help_flag->get_description());
   if (!epilog_.empty()) os << "\n" << epilog_;
   return os.str();
 }

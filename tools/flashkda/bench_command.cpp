@@ -1,4 +1,4 @@
-// `flashkda bench`: the cases P1-P10 of PERFORMANCE.md (or a custom shape), printed as a table
+// `flashkda bench`: the cases P1-P11 of docs/benchmark.md (or a custom shape), printed as a table
 // and written as JSON. On the GPU: median of CUDA-event timings, effective bandwidth, and the
 // ratio to the floor (bytes / device copy bandwidth measured in the same run). Without a usable
 // GPU: the CPU backend on scaled-down shapes, reporting token-heads per second.
@@ -21,7 +21,7 @@ struct BenchCase {
   std::string name;
   std::vector<int64_t> seq_lens;
   int64_t heads;
-  double goal_ms;  // PERFORMANCE.md's goal on an H200 (0: none)
+  double goal_ms;  // docs/benchmark.md's goal on an H200 (0: none)
 };
 
 std::vector<int64_t> repeat(int64_t count, int64_t length) { return std::vector<int64_t>(count, length); }
@@ -32,7 +32,7 @@ const std::vector<BenchCase>& perf_cases() {
       {"P1", {8192}, 96, 0.48},          {"P2", mixed, 96, 0.49},          {"P3", repeat(8, 1024), 96, 0.50},
       {"P4", {8192}, 64, 0.32},          {"P5", mixed, 64, 0.33},          {"P6", repeat(8, 1024), 64, 0.33},
       {"P7", {32768}, 8, 0.30},          {"P8", {65536}, 4, 0.30},         {"P9", repeat(64, 128), 32, 0.22},
-      {"P10", repeat(4, 16384), 16, 0.63},
+      {"P10", repeat(4, 16384), 16, 0.63},  {"P11", {131072}, 8, 0.8},
   };
   return cases;
 }
@@ -97,52 +97,50 @@ void print_row(const CaseResult& r, bool gpu) {
   std::fflush(stdout);
 }
 
-void write_case_json(JsonWriter& j, const CaseResult& r, bool gpu) {
-  j.begin_object();
-  j.field("name", r.c.name);
-  j.field("seq_lens", r.c.seq_lens);
-  j.field("heads", r.c.heads);
+Json case_json(const CaseResult& r, bool gpu) {
+  Json j;
+  j["name"] = r.c.name;
+  j["seq_lens"] = r.c.seq_lens;
+  j["heads"] = r.c.heads;
   if (!gpu) {
-    j.field("original_seq_lens", r.original_seq_lens);
-    j.field("original_heads", r.original_heads);
+    j["original_seq_lens"] = r.original_seq_lens;
+    j["original_heads"] = r.original_heads;
   }
-  j.field("total_tokens", r.total_tokens);
-  j.field("token_heads", r.token_heads);
-  j.field("floor_bytes", r.bytes);
+  j["total_tokens"] = r.total_tokens;
+  // Counts of token-heads and bytes: whole numbers, written as such.
+  j["token_heads"] = static_cast<int64_t>(r.token_heads);
+  j["floor_bytes"] = static_cast<int64_t>(r.bytes);
   if (!r.error.empty()) {
-    j.field("error", r.error);
-    j.end_object();
-    return;
+    j["error"] = r.error;
+    return j;
   }
-  j.field("median_ms", r.exec.ms.median);
-  j.field("min_ms", r.exec.ms.min);
-  j.field("max_ms", r.exec.ms.max);
-  j.key("samples_ms").begin_array();
-  for (double x : r.exec.samples_ms) j.value(x);
-  j.end_array();
-  j.field("token_heads_per_s", r.token_heads_per_s);
+  j["median_ms"] = r.exec.ms.median;
+  j["min_ms"] = r.exec.ms.min;
+  j["max_ms"] = r.exec.ms.max;
+  j["samples_ms"] = r.exec.samples_ms;
+  j["token_heads_per_s"] = r.token_heads_per_s;
   if (gpu) {
-    j.field("effective_tbps", r.tbps);
-    j.field("floor_ms", r.floor_ms);
-    j.field("ratio_to_floor", r.ratio_to_floor);
-    if (r.c.goal_ms > 0) j.field("goal_ms", r.c.goal_ms);
-    j.field("input_sets", r.exec.input_sets);
-    j.field("workspace_bytes", static_cast<int64_t>(r.exec.workspace_bytes));
+    j["effective_tbps"] = r.tbps;
+    j["floor_ms"] = r.floor_ms;
+    j["ratio_to_floor"] = r.ratio_to_floor;
+    if (r.c.goal_ms > 0) j["goal_ms"] = r.c.goal_ms;
+    j["input_sets"] = r.exec.input_sets;
+    j["workspace_bytes"] = static_cast<int64_t>(r.exec.workspace_bytes);
   }
-  j.field("outputs_written", r.exec.outputs_written());
-  j.key("oracle").begin_object();
-  j.field("heads", r.check.heads);
+  j["outputs_written"] = r.exec.outputs_written();
+  Json oracle;
+  oracle["heads"] = r.check.heads;
   if (r.check.heads.empty()) {
-    j.field("skipped", true);
+    oracle["skipped"] = true;
   } else {
-    j.field("out_rel", r.check.out_rel);
-    j.field("final_state_rel", r.check.final_state_rel);
-    j.field("bar", kErrorBar);
+    oracle["out_rel"] = r.check.out_rel;
+    oracle["final_state_rel"] = r.check.final_state_rel;
+    oracle["bar"] = kErrorBar;
   }
-  j.field("pass", r.check.pass());
-  j.end_object();
-  j.field("pass", r.pass());
-  j.end_object();
+  oracle["pass"] = r.check.pass();
+  j["oracle"] = std::move(oracle);
+  j["pass"] = r.pass();
+  return j;
 }
 
 }  // namespace
@@ -158,21 +156,21 @@ int bench_command(int argc, char** argv, int first) {
   bool list = false;
 
   FlagParser parser("flashkda bench", "flashkda bench [flags]",
-                    "Benchmarks KDA forward on the cases P1-P10 of PERFORMANCE.md (K = V = 128, bf16 inputs,\n"
+                    "Benchmarks KDA forward on the cases P1-P11 of docs/benchmark.md (K = V = 128, bf16 inputs,\n"
                     "bf16 initial and final state, safe gate with lower_bound -5, packed int64 cu_seqlens,\n"
                     "random inputs), or on a custom shape. Prints a table and writes JSON.\n"
                     "\n"
                     "GPU method: inputs rotate among enough device copies that one pass exceeds 3x the L2;\n"
                     "outputs are poisoned (0xFF) before the timed calls and checked written after; warm-up;\n"
                     "median of CUDA-event timings of single forward calls; the floor is the bytes of\n"
-                    "PERFORMANCE.md's formula over the device-to-device copy bandwidth measured in the same run.\n"
+                    "docs/benchmark.md's formula over the device-to-device copy bandwidth measured in the same run.\n"
                     "Without a usable GPU (or with --backend cpu) the CPU backend runs scaled-down shapes\n"
                     "(sequence lengths / 16, heads capped at 8) and reports token-heads per second.");
-  parser.add("--case", "P1,P3,...", "cases to run (default: all of P1-P10)", [&](const std::string& v) {
+  parser.add("--case", "P1,P3,...", "cases to run (default: all of P1-P11)", [&](const std::string& v) {
     for (const std::string& name : split(v, ',')) {
       bool known = false;
       for (const BenchCase& c : perf_cases()) known |= c.name == name;
-      if (!known) throw UsageError("--case: expected case names P1..P10 (comma-separated), got '" + name + "'");
+      if (!known) throw UsageError("--case: expected case names P1..P11 (comma-separated), got '" + name + "'");
       case_names.push_back(name);
     }
   });
@@ -217,6 +215,9 @@ int bench_command(int argc, char** argv, int first) {
   if (flags.heads && !flags.shape_given())
     throw UsageError("flashkda bench: --heads goes with a custom shape (--seqlens or --batch with --seqlen)");
 
+  // Before any work: a --json path that cannot be written fails now, not after the run.
+  JsonFile json_file(json_path, "--json");
+
   std::string why_cpu;
   const Backend backend = resolve_backend(flags.backend, &why_cpu);
   const bool gpu = backend == Backend::kCuda;
@@ -226,6 +227,7 @@ int bench_command(int argc, char** argv, int first) {
   if (flags.shape_given()) {
     WorkloadSpec custom;
     apply_shape(flags, "flashkda bench", {}, 8, custom);
+    check_host_memory(flags, custom, oracle_heads, gpu);
     cases.push_back({"custom", custom.seq_lens, custom.heads, 0});
   } else {
     for (const BenchCase& c : perf_cases())
@@ -249,8 +251,9 @@ int bench_command(int argc, char** argv, int first) {
   } else {
     std::printf("device: none used: CPU backend (%s)\n", why_cpu.c_str());
     if (scaled)
-      std::printf("NOTE: CPU run on SCALED-DOWN shapes (sequence lengths / %lld, heads capped at %lld); the times are\n"
-                  "      not comparable with PERFORMANCE.md's GPU figures. Throughput is in token-heads per second.\n",
+      std::printf("NOTE: CPU run on SCALED-DOWN shapes (sequence lengths / %lld, heads capped at %lld); the times\n"
+                  "      are not comparable with the GPU figures of docs/benchmark.md. Throughput is in token-heads\n"
+                  "      per second.\n",
                   static_cast<long long>(cpu_divisor), static_cast<long long>(cpu_max_heads));
   }
   std::printf("\n");
@@ -285,13 +288,19 @@ int bench_command(int argc, char** argv, int first) {
     r.bytes = floor_bytes(spec);
     settings.label = "bench " + r.c.name + " " + std::to_string(index) + "/" + std::to_string(cases.size());
     try {
+      // A built-in case too large for this host's memory is reported as that case's error.
+      if (std::string shortfall = host_memory_shortfall(spec, oracle_heads, gpu); !shortfall.empty())
+        throw HostAllocError(shortfall);
       std::cerr << "[" << settings.label << "] " << describe_sequences(spec.seq_lens) << " x " << spec.heads
                 << " heads: generating inputs" << std::endl;
+      set_activity("generating the random inputs");
       const HostInputs inputs = make_host_inputs(spec);
+      set_activity("running the forward calls");
       r.exec = execute(inputs, settings);
       const std::vector<int64_t> heads = pick_heads(shape.H, oracle_heads);
       if (!heads.empty())
         std::cerr << "[" << settings.label << "] fp64 oracle on " << heads.size() << " head(s)" << std::endl;
+      set_activity("checking against the fp64 oracle");
       r.check = check_against_oracle(inputs, r.exec.out.data(),
                                      r.exec.final_state.empty() ? nullptr : r.exec.final_state.data(), heads);
       const double seconds = r.exec.ms.median * 1e-3;
@@ -303,7 +312,12 @@ int bench_command(int argc, char** argv, int first) {
       }
     } catch (const Error& e) {
       r.error = e.what();
+    } catch (const HostAllocError& e) {
+      r.error = e.what();
+    } catch (const std::bad_alloc&) {
+      r.error = std::string("out of host memory (std::bad_alloc) while ") + activity();
     }
+    set_activity("");
     r.exec.out = {};  // the outputs are not needed any more
     r.exec.final_state = {};
     print_row(r, gpu);
@@ -332,51 +346,50 @@ int bench_command(int argc, char** argv, int first) {
                                                       : "NOT met");
   }
 
-  JsonWriter j;
-  j.begin_object();
-  j.field("tool", "flashkda bench");
-  j.field("version", version());
-  j.field("commit", commit);
-  j.field("backend", backend_name(backend));
+  Json j;
+  j["tool"] = "flashkda bench";
+  j["version"] = version();
+  j["commit"] = commit;
+  j["backend"] = backend_name(backend);
   if (gpu) {
-    j.field("device", device);
-    j.field("copy_bandwidth_tbps", copy_bandwidth / 1e12);
-    j.field("l2_bytes", static_cast<int64_t>(device_l2_bytes()));
+    j["device"] = device;
+    j["copy_bandwidth_tbps"] = copy_bandwidth / 1e12;
+    j["l2_bytes"] = static_cast<int64_t>(device_l2_bytes());
   } else {
-    j.key("device").null();
-    j.field("cpu_reason", why_cpu);
-    j.field("cpu_threads", static_cast<int64_t>(std::thread::hardware_concurrency()));
+    j["device"] = nullptr;
+    j["cpu_reason"] = why_cpu;
+    j["cpu_threads"] = static_cast<int64_t>(std::thread::hardware_concurrency());
   }
-  j.field("scaled_down", scaled);
+  j["scaled_down"] = scaled;
   if (scaled)
-    j.field("scale_note", "CPU backend on scaled-down shapes: sequence lengths / " + std::to_string(cpu_divisor) +
-                              ", heads capped at " + std::to_string(cpu_max_heads) +
-                              "; not comparable with the GPU figures of PERFORMANCE.md");
-  j.key("method").begin_object();
-  j.field("timer", gpu ? "CUDA events, one forward call each" : "steady_clock, one forward call each");
-  j.field("warmup", settings.warmup);
-  j.field("iters", settings.iters);
-  j.field("statistic", "median");
-  j.field("head_dim", kHeadDim);
-  j.field("gate", "safe");
-  j.field("lower_bound", -5.0);
-  j.field("state_dtype", "bf16");
-  j.field("cu_seqlens", "int64, packed (B = 1)");
-  j.field("floor_bytes", "T*H*128*2*5 + T*H*2 + N*H*128*128*2*2");
-  j.field("seed", static_cast<int64_t>(flags.seed));
-  j.end_object();
-  j.key("cases").begin_array();
-  for (const CaseResult& r : results) write_case_json(j, r, gpu);
-  j.end_array();
-  j.field("token_heads_per_s_overall", aggregate);
+    j["scale_note"] = "CPU backend on scaled-down shapes: sequence lengths / " + std::to_string(cpu_divisor) +
+                      ", heads capped at " + std::to_string(cpu_max_heads) +
+                      "; not comparable with the GPU figures of docs/benchmark.md";
+  Json method;
+  method["timer"] = gpu ? "CUDA events, one forward call each" : "steady_clock, one forward call each";
+  method["warmup"] = settings.warmup;
+  method["iters"] = settings.iters;
+  method["statistic"] = "median";
+  method["head_dim"] = kHeadDim;
+  method["gate"] = "safe";
+  method["lower_bound"] = -5;
+  method["state_dtype"] = "bf16";
+  method["cu_seqlens"] = "int64, packed (B = 1)";
+  method["floor_bytes"] = "T*H*128*2*5 + T*H*2 + N*H*128*128*2*2";
+  method["seed"] = flags.seed;
+  j["method"] = std::move(method);
+  Json case_list = Json::array();
+  for (const CaseResult& r : results) case_list.push_back(case_json(r, gpu));
+  j["cases"] = std::move(case_list);
+  j["token_heads_per_s_overall"] = aggregate;
   if (!gpu) {
-    j.field("cpu_target_token_heads_per_s", kCpuTargetTokenHeadsPerS);
-    j.field("cpu_target_met", aggregate >= kCpuTargetTokenHeadsPerS);
-    j.field("cpu_target_met_every_case", slowest >= kCpuTargetTokenHeadsPerS);
+    j["cpu_target_token_heads_per_s"] = static_cast<int64_t>(kCpuTargetTokenHeadsPerS);
+    j["cpu_target_met"] = aggregate >= kCpuTargetTokenHeadsPerS;
+    j["cpu_target_met_every_case"] = slowest >= kCpuTargetTokenHeadsPerS;
   }
-  j.field("all_pass", all_pass);
-  j.end_object();
-  j.save(json_path);
+  j["all_pass"] = all_pass;
+  set_activity("writing the JSON results");
+  json_file.write(j);
   std::printf("results written to %s\n", json_path.c_str());
 
   if (any_error) return kExitError;

@@ -51,6 +51,14 @@ void apply_shape(const WorkloadFlags& flags, const std::string& command, const s
                  int64_t default_heads, WorkloadSpec& spec);
 // Copies the numerics flags and the seed into spec.
 void apply_numerics(const WorkloadFlags& flags, WorkloadSpec& spec);
+// Before anything is allocated: throws UsageError, naming the shape flags given, when the host
+// cannot hold a run of spec (see host_memory_shortfall).
+void check_host_memory(const WorkloadFlags& flags, const WorkloadSpec& spec, int64_t oracle_heads, bool gpu);
+
+// What the command is doing now ("generating the random inputs"), named by the message of an
+// out-of-memory failure that no allocation site named itself. A static string; "" when idle.
+void set_activity(const char* what);
+const char* activity();
 
 const char* backend_name(Backend b);
 std::string format_count(double x);  // 1234567 -> "1,234,567"

@@ -1,52 +1,41 @@
-// A small streaming JSON writer (objects, arrays, strings, numbers), pretty-printed.
+// The JSON output of the tool: nlohmann/json documents with their fields in the order they are
+// set (ordered_json), written to a file that is opened before any work is done, so that a path
+// that cannot be written fails at once instead of after a long run.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace flashkda::cli {
 
-class JsonWriter {
+using Json = nlohmann::ordered_json;
+
+// Pretty-printed with two-space indentation and a final newline. NaN and Inf become null; bytes
+// that are not UTF-8 (in a message or a path) become U+FFFD instead of failing the dump.
+std::string dump_json(const Json& doc);
+
+// A JSON output file, opened for writing when constructed and written once by write().
+class JsonFile {
  public:
-  JsonWriter& begin_object();
-  JsonWriter& end_object();
-  JsonWriter& begin_array();
-  JsonWriter& end_array();
-  JsonWriter& key(const std::string& k);  // inside an object, before its value
+  // Opens `path` for writing (creating it when missing; an existing file keeps its contents until
+  // write()). Throws UsageError "<flag>: cannot open '<path>' for writing: <OS reason>" when it
+  // cannot.
+  JsonFile(std::string path, const std::string& flag);
+  // Closes the file; a file this object created and never wrote is removed again.
+  ~JsonFile();
+  JsonFile(const JsonFile&) = delete;
+  JsonFile& operator=(const JsonFile&) = delete;
 
-  JsonWriter& value(const std::string& s);
-  JsonWriter& value(const char* s);
-  JsonWriter& value(double x);   // NaN and Inf are written as null
-  JsonWriter& value(int64_t x);
-  JsonWriter& value(int x) { return value(static_cast<int64_t>(x)); }
-  JsonWriter& value(bool b);
-  JsonWriter& null();
-  JsonWriter& value(const std::vector<int64_t>& xs);  // a one-line array
-
-  template <typename T>
-  JsonWriter& field(const std::string& k, const T& v) {
-    key(k);
-    return value(v);
-  }
-
-  const std::string& str() const { return out_; }
-  // Writes str() to `path`; throws std::runtime_error naming the path when that fails.
-  void save(const std::string& path) const;
+  // Replaces the file's contents with dump_json(doc); throws std::runtime_error naming the path
+  // and the OS reason when that fails.
+  void write(const Json& doc);
+  const std::string& path() const { return path_; }
 
  private:
-  void before_value();
-  void newline();
-
-  std::string out_;
-  struct Level {
-    bool is_object;
-    bool empty = true;
-  };
-  std::vector<Level> stack_;
-  bool after_key_ = false;
+  std::string path_;
+  int fd_ = -1;
+  bool created_ = false, written_ = false;
 };
-
-std::string json_escape(const std::string& s);
 
 }  // namespace flashkda::cli

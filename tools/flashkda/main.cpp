@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "commands.h"
@@ -18,7 +19,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  run      the main job: KDA forward on a Kimi-Linear-like prefill, checked against the fp64 oracle\n"
-    "  bench    the benchmark cases P1-P10 (scaled down on the CPU), as a table and JSON\n"
+    "  bench    the benchmark cases P1-P11 (scaled down on the CPU), as a table and JSON\n"
     "  info     version, commit, and whether the CUDA path can run here\n"
     "\n"
     "`flashkda <command> --help` documents every flag of a command.\n"
@@ -76,6 +77,11 @@ int main(int argc, char** argv) {
   } catch (const flashkda::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "flashkda: error: %s\n", e.what());
+    return kExitError;
+  } catch (const std::bad_alloc&) {
+    // Large host buffers name themselves (HostAllocError); this is any other allocation.
+    std::fflush(stdout);
+    std::fprintf(stderr, "flashkda: error: out of host memory (std::bad_alloc) while %s\n", activity());
     return kExitError;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -22,9 +22,10 @@ struct HeadSlice {
 
 template <typename T, typename A>
 void gather(const std::vector<T, A>& src, std::vector<T>& dst, int64_t outer, int64_t H,
-            const std::vector<int64_t>& heads, int64_t inner) {
+            const std::vector<int64_t>& heads, int64_t inner, const char* name) {
   const int64_t hs = static_cast<int64_t>(heads.size());
-  dst.resize(outer * hs * inner);
+  resize_or_throw(dst, outer * hs * inner,
+                  std::string("the oracle check's copy of ") + name + " (" + std::to_string(hs) + " heads)");
   for (int64_t r = 0; r < outer; ++r)
     for (int64_t j = 0; j < hs; ++j)
       std::memcpy(dst.data() + (r * hs + j) * inner, src.data() + (r * H + heads[j]) * inner, inner * sizeof(T));
@@ -33,15 +34,16 @@ void gather(const std::vector<T, A>& src, std::vector<T>& dst, int64_t outer, in
 HeadSlice slice_heads(const HostInputs& in, const std::vector<int64_t>& heads) {
   const Shape& s = in.shape;
   HeadSlice x;
-  gather(in.q, x.q, s.total_tokens, s.H, heads, s.K);
-  gather(in.k, x.k, s.total_tokens, s.H, heads, s.K);
-  gather(in.v, x.v, s.total_tokens, s.H, heads, s.V);
-  gather(in.g, x.g, s.total_tokens, s.H, heads, s.K);
-  gather(in.beta, x.beta, s.total_tokens, s.H, heads, 1);
-  gather(in.A_log, x.A_log, 1, s.H, heads, 1);
-  gather(in.dt_bias, x.dt_bias, 1, s.H, heads, s.K);
+  gather(in.q, x.q, s.total_tokens, s.H, heads, s.K, "q");
+  gather(in.k, x.k, s.total_tokens, s.H, heads, s.K, "k");
+  gather(in.v, x.v, s.total_tokens, s.H, heads, s.V, "v");
+  gather(in.g, x.g, s.total_tokens, s.H, heads, s.K, "g");
+  gather(in.beta, x.beta, s.total_tokens, s.H, heads, 1, "beta");
+  gather(in.A_log, x.A_log, 1, s.H, heads, 1, "A_log");
+  gather(in.dt_bias, x.dt_bias, 1, s.H, heads, s.K, "dt_bias");
   if (!in.initial_state.empty())
-    gather(in.initial_state, x.initial_state, s.N, s.H, heads, s.V * s.K * dtype_size(s.state_dtype));
+    gather(in.initial_state, x.initial_state, s.N, s.H, heads, s.V * s.K * dtype_size(s.state_dtype),
+           "the initial state");
   return x;
 }
 
@@ -99,8 +101,10 @@ OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, cons
   p.gate = in.spec.gate;
 
   // The oracle runs the (sequence, head) pairs on the machine's threads.
-  std::vector<double> ref_out(s.total_tokens * hs * s.V);
-  std::vector<double> ref_state(final_state ? s.N * hs * s.V * s.K : 0);
+  std::vector<double> ref_out, ref_state;
+  resize_or_throw(ref_out, s.total_tokens * hs * s.V, "the fp64 oracle's out (" + std::to_string(hs) + " heads)");
+  resize_or_throw(ref_state, final_state ? s.N * hs * s.V * s.K : 0,
+                  "the fp64 oracle's final state (" + std::to_string(hs) + " heads)");
   oracle_forward(p, ref_out.data(), final_state ? ref_state.data() : nullptr);
 
   double diff_out = 0, norm_out = 0, diff_state = 0, norm_state = 0;

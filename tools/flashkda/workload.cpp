@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "common/bf16.h"
 
@@ -97,6 +102,97 @@ TensorBytes tensor_bytes(const WorkloadSpec& spec) {
   return b;
 }
 
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB"};
+  int u = 0;
+  double scaled = bytes;
+  while (scaled >= 1000 && u < 6) scaled /= 1000, ++u;
+  char buf[64];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f bytes", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g bytes (%.3g %s)", bytes, scaled, units[u]);
+  return buf;
+}
+
+std::string alloc_failure_message(const std::string& what, double bytes) {
+  return "out of host memory: cannot allocate " + format_bytes(bytes) + " for " + what;
+}
+
+HostMemory host_memory_needed(const WorkloadSpec& spec, int64_t oracle_heads, bool gpu) {
+  // In doubles throughout: the token count of a command line can overflow 64 bits once
+  // multiplied out.
+  double T = 0;
+  for (int64_t L : spec.seq_lens) T += static_cast<double>(L);
+  const double N = static_cast<double>(spec.seq_lens.size());
+  const double H = static_cast<double>(spec.heads), K = kHeadDim, V = kHeadDim;
+  const double state_elem = spec.state == StateKind::kF32 ? 4 : 2;
+  const double state = N * H * V * K * state_elem;
+  HostMemory m;
+  m.inputs = T * H * (3 * K + V) * 2 + T * H * 2 + H * 4 + H * K * 4 + (spec.state == StateKind::kNone ? 0 : state) +
+             (N + 1) * 8;
+  m.outputs = T * H * V * 2 + (spec.final_state ? state : 0);
+  m.staging = gpu ? m.outputs : 0;
+  const double hs = static_cast<double>(std::clamp<int64_t>(oracle_heads, 0, spec.heads));
+  if (hs > 0) {
+    // The heads' inputs copied out, then the oracle's out and final state in fp64.
+    const double slice_state = spec.state == StateKind::kNone ? 0 : N * hs * V * K * state_elem;
+    const double slice = T * hs * ((3 * K + V) * 2 + 2) + slice_state;
+    m.oracle = slice + T * hs * V * 8 + (spec.final_state ? N * hs * V * K * 8 : 0);
+  }
+  return m;
+}
+
+double host_memory_available(std::string* source) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    double kb = 0;
+    if (fields >> kb && kb > 0) {
+      if (source) *source = "MemAvailable in /proc/meminfo";
+      return kb * 1024;
+    }
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) {
+    if (source) *source = "physical memory";
+    return static_cast<double>(pages) * static_cast<double>(page);
+  }
+  return 0;
+}
+
+std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads, bool gpu) {
+  const HostMemory m = host_memory_needed(spec, oracle_heads, gpu);
+  std::string source;
+  const double available = host_memory_available(&source);
+  if (available <= 0 || m.total() <= available) return "";
+  double T = 0;
+  for (int64_t L : spec.seq_lens) T += static_cast<double>(L);
+  char tokens[32];
+  std::snprintf(tokens, sizeof tokens, "%.0f", T);
+  auto short_bytes = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", bytes);
+    return std::string(buf);
+  };
+  const size_t n = spec.seq_lens.size();
+  std::string text = "the workload needs " + format_bytes(m.total()) + " of host memory at its peak (T = " + tokens +
+                     " tokens, H = " + std::to_string(spec.heads) + " heads, " + std::to_string(n) +
+                     (n == 1 ? " sequence" : " sequences") + "): " + short_bytes(m.inputs) +
+                     " for the inputs q, k, v, g, beta";
+  if (spec.state != StateKind::kNone) text += " and the initial state";
+  text += ", " + short_bytes(m.outputs) + " for out";
+  if (spec.final_state) text += " and the final state";
+  // The larger of the two that come and go (they add up to the total).
+  if (m.oracle > 0 && m.oracle >= m.staging)
+    text += ", " + short_bytes(m.oracle) + " for the fp64 oracle check";
+  else if (m.staging > 0)
+    text += ", " + short_bytes(m.staging) + " for the GPU path's staging copy of the outputs";
+  return text + "; " + format_bytes(available) + " are available (" + source + ")";
+}
+
 double floor_bytes(const WorkloadSpec& spec) {
   const TensorBytes b = tensor_bytes(spec);
   return static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.initial_state + b.out + b.final_state);
@@ -108,13 +204,17 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
   in.shape = shape_of(spec);
   const Shape& s = in.shape;
   const size_t rows = static_cast<size_t>(s.total_tokens) * s.H;
-  in.q.resize(rows * s.K);
-  in.k.resize(rows * s.K);
-  in.g.resize(rows * s.K);
-  in.v.resize(rows * s.V);
-  in.beta.resize(rows);
-  in.A_log.resize(s.H);
-  in.dt_bias.resize(s.H * s.K);
+  // What each buffer holds, for the message of a failed allocation: "the input q ([1, 500, 8, 128] bf16)".
+  auto label = [](const char* name, const std::vector<int64_t>& dims, const char* dtype) {
+    return std::string(name) + " ([" + join(dims) + "] " + dtype + ")";
+  };
+  resize_or_throw(in.q, rows * s.K, label("the input q", {s.B, s.T, s.H, s.K}, "bf16"));
+  resize_or_throw(in.k, rows * s.K, label("the input k", {s.B, s.T, s.H, s.K}, "bf16"));
+  resize_or_throw(in.g, rows * s.K, label("the input g", {s.B, s.T, s.H, s.K}, "bf16"));
+  resize_or_throw(in.v, rows * s.V, label("the input v", {s.B, s.T, s.H, s.V}, "bf16"));
+  resize_or_throw(in.beta, rows, label("the input beta", {s.B, s.T, s.H}, "bf16"));
+  resize_or_throw(in.A_log, s.H, label("the input A_log", {s.H}, "f32"));
+  resize_or_throw(in.dt_bias, s.H * s.K, label("the input dt_bias", {s.H, s.K}, "f32"));
   fill_normal_bf16(in.q, stream_key(spec.seed, kQ));
   fill_normal_bf16(in.k, stream_key(spec.seed, kK));
   fill_normal_bf16(in.v, stream_key(spec.seed, kV));
@@ -125,7 +225,8 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
 
   if (spec.state != StateKind::kNone) {
     const int64_t n = s.N * s.H * s.V * s.K;
-    in.initial_state.resize(n * dtype_size(s.state_dtype));
+    resize_or_throw(in.initial_state, n * dtype_size(s.state_dtype),
+                    label("the initial state", {s.N, s.H, s.V, s.K}, state_kind_name(spec.state)));
     const uint64_t key = stream_key(spec.seed, kState);
     if (s.state_dtype == DType::kF32) {
       auto* data = reinterpret_cast<float*>(in.initial_state.data());
@@ -137,7 +238,8 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
   }
 
   if (s.packed) {
-    in.cu_seqlens.resize((s.N + 1) * dtype_size(spec.cu_seqlens_dtype));
+    resize_or_throw(in.cu_seqlens, (s.N + 1) * dtype_size(spec.cu_seqlens_dtype),
+                    label("cu_seqlens", {s.N + 1}, dtype_name(spec.cu_seqlens_dtype)));
     int64_t offset = 0;
     for (int64_t n = 0; n <= s.N; ++n) {
       if (spec.cu_seqlens_dtype == DType::kI32) {

@@ -1,11 +1,12 @@
-// Workloads for the flashkda tool: the shape of a problem, its random host inputs (KDA.md's
-// test distributions), and the ForwardArgs that point at a copy of them (host or device).
+// Workloads for the flashkda tool: the shape of a problem, its random host inputs (the test
+// distributions of docs/contract.md), and the ForwardArgs that point at a copy of them (host or device).
 #pragma once
 
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,30 @@ struct AlignedAllocator {
 };
 template <typename T>
 using HostVector = std::vector<T, AlignedAllocator<T>>;
+
+// A host allocation that failed: the message names what was being allocated and how many bytes.
+class HostAllocError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "4.29e+12 bytes (4.29 TB)"
+std::string format_bytes(double bytes);
+// "out of host memory: cannot allocate 4.1e+08 bytes (410 MB) for q ([1, 200000, 8, 128] bf16)"
+std::string alloc_failure_message(const std::string& what, double bytes);
+
+// v.resize(n), with a failure (std::bad_alloc, or more elements than a vector can hold) turned
+// into a HostAllocError naming `what`.
+template <typename Vec>
+void resize_or_throw(Vec& v, size_t n, const std::string& what) {
+  try {
+    v.resize(n);
+  } catch (const std::bad_alloc&) {
+    throw HostAllocError(alloc_failure_message(what, static_cast<double>(n) * sizeof(typename Vec::value_type)));
+  } catch (const std::length_error&) {
+    throw HostAllocError(alloc_failure_message(what, static_cast<double>(n) * sizeof(typename Vec::value_type)));
+  }
+}
 
 enum class StateKind { kNone, kBF16, kF32 };
 const char* state_kind_name(StateKind s);
@@ -64,7 +89,26 @@ struct TensorBytes {
 };
 TensorBytes tensor_bytes(const WorkloadSpec& spec);
 
-// The bytes a forward must move at least (PERFORMANCE.md's floor formula): read q, k, v, g,
+// The host memory a run of `spec` holds at its peak, in bytes (doubles: shapes from the command
+// line can overflow size_t): the random inputs (q, k, v, g, beta, the initial state, ...) and the
+// outputs copied back (out and the final state) throughout; on top of them, first the GPU path's
+// staging copy of the outputs, then the fp64 oracle check of `oracle_heads` heads (their inputs,
+// and out and the final state in fp64).
+struct HostMemory {
+  double inputs = 0, outputs = 0, staging = 0, oracle = 0;
+  double total() const { return inputs + outputs + (staging > oracle ? staging : oracle); }
+};
+HostMemory host_memory_needed(const WorkloadSpec& spec, int64_t oracle_heads, bool gpu);
+
+// The host memory available to this process, in bytes (MemAvailable of /proc/meminfo, else the
+// physical memory), and where that figure comes from; 0 when unknown.
+double host_memory_available(std::string* source);
+
+// Empty when the host can hold a run of `spec`; else the reason, as "the workload needs ... bytes
+// of host memory for ... (T = ..., H = ...); ... available".
+std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads, bool gpu);
+
+// The bytes a forward must move at least (docs/benchmark.md's floor formula): read q, k, v, g,
 // beta and the initial state once, write out and the final state once. With bf16 states in and
 // out this is T*H*128*2*5 + T*H*2 + N*H*128*128*2*2.
 double floor_bytes(const WorkloadSpec& spec);

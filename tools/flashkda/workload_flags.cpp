@@ -83,6 +83,22 @@ void apply_numerics(const WorkloadFlags& f, WorkloadSpec& spec) {
   spec.seed = f.seed;
 }
 
+void check_host_memory(const WorkloadFlags& f, const WorkloadSpec& spec, int64_t oracle_heads, bool gpu) {
+  const std::string shortfall = host_memory_shortfall(spec, oracle_heads, gpu);
+  if (shortfall.empty()) return;
+  std::string given = f.seq_lens ? "--seqlens" : f.batch ? "--batch/--seqlen" : "";
+  if (f.heads) given += given.empty() ? "--heads" : " with --heads";
+  throw UsageError((given.empty() ? std::string("the default workload: ") : given + ": ") + shortfall +
+                   ": give fewer or shorter sequences, or fewer heads");
+}
+
+namespace {
+const char* current_activity = "";
+}  // namespace
+
+void set_activity(const char* what) { current_activity = what; }
+const char* activity() { return *current_activity ? current_activity : "starting"; }
+
 const char* backend_name(Backend b) {
   switch (b) {
     case Backend::kCpu: return "cpu";
