@@ -13,7 +13,9 @@
 #                extension (ldd, the C++ runtime it needs), and runs the whole pytest suite
 #   WHEEL=dist/flashkda-*.whl  the python step installs this wheel instead of building
 # bench runs the cases twice (the same build) and writes h200.md with scripts/bench_report.py.
-# At most 8 files land in $OUT (the device tool returns no more).
+# At most 8 files land in $OUT (the device tool returns no more): build.log, gpu-tests.log (the
+# sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
+# h200.md and h200.png.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -68,18 +70,18 @@ for step in $steps; do
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        run_step "sanitizer $tool" "$OUT/sanitize.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_BIN" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm'
+        run_step "sanitizer $tool" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$TEST_BIN" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
       done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.log" | tee -a "$summary"
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/gpu-tests.log" | tee -a "$summary"
       ;;
     run)
       run_step "flashkda run" "$summary" 120 "$CLI_BIN" run
       ;;
     bench)
-      run_step "flashkda bench" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
-      run_step "flashkda bench (repeat)" "$OUT/bench.log" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
-      python3 scripts/bench_report.py "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
+      run_step "flashkda bench" "$summary" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
+      run_step "flashkda bench (repeat)" "$summary" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
+      python3 scripts/bench_report.py --plot "$OUT/h200.png" "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
       cat "$OUT/h200.md" >>"$summary"
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case

@@ -34,11 +34,16 @@ struct PrefillPlan {
   Pass pass = Pass::kPerItem;
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
   int multiprocessors = 0;
+  int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
+  bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
-  // split pass's fp32 buffers (three [H, 128, 128] states, two [total, H, 128] row sets).
+  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
 
-  size_t workspace_bytes() const { return record_bytes + counter_bytes + 3 * split_state_bytes + 2 * split_row_bytes; }
+  size_t workspace_bytes() const {
+    const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
+    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes;
+  }
 };
 
 // The prefill kernels (K = V = 128, safe gate).

@@ -223,6 +223,40 @@ TEST_P(GpuPrefillSplit, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuPrefillSplit, ::testing::Values(0, 1, 16, 17, 33, 1000, 4097));
 
+// More segments: S = 3 (one block a multiprocessor for these 3 heads), 4 and 7 (3-stage blocks,
+// two a multiprocessor); segments past the sequence's chunks are empty (A = I, B = 0).
+class GpuPrefillSplitSegments : public GpuPrefill, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    GpuPrefill::SetUp();
+    setenv("FLASHKDA_SPLIT_SEGMENTS", GetParam(), 1);
+  }
+  void TearDown() override { unsetenv("FLASHKDA_SPLIT_SEGMENTS"); }
+};
+
+TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
+  for (const int64_t len : {0, 1, 17, 100, 1000, 4097}) {
+    expect_matches_oracle(packed({len}, 3, 700 + static_cast<uint64_t>(len)));
+    ProblemSpec s;  // fixed-length form, fp32 states
+    s.T = len;
+    s.H = 2;
+    s.seed = 800 + static_cast<uint64_t>(len);
+    s.init = InitState::kNormal;
+    s.init_dtype = s.final_dtype = DType::kF32;
+    expect_matches_oracle(s);
+  }
+  ProblemSpec large = packed({2000}, 2, 900);  // large state, little decay
+  large.init = InitState::kLarge;
+  large.g_input = GateInput::kConstant;
+  large.g_const = -8.0f;
+  expect_matches_oracle(large);
+  ProblemSpec no_final = packed({700}, 2, 901);  // the chain of segment states without a final state
+  no_final.final_state = false;
+  expect_matches_oracle(no_final);
+}
+
+INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments, ::testing::Values("3", "4", "7"));
+
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   for (const float gc : {-8.0f, 0.0f}) {

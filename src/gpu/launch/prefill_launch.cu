@@ -2,6 +2,7 @@
 // allocation and no host synchronisation happen here.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -69,17 +70,45 @@ int forced_switch(const char* name) {
 }
 
 // Segment-parallel state pass (StateSplit in kernels.h): one sequence, few heads, long. The
-// chain of T/16 steps is the whole cost there and most multiprocessors idle; splitting it in
-// two runs three half-length chains at once (3x the blocks of the 1x4 layout must fit one wave)
-// and the stitch kernel combines them. FLASHKDA_SPLIT=0/1 forces it off/on (on: any single
-// sequence, for the tests).
+// chain of T/16 steps is the whole cost there and most multiprocessors idle; cutting it into S
+// segments runs 2S - 1 chains of T/(16 S) steps at once (segment 0, and each later segment from
+// zero and from the identity) and the stitch kernel combines them. The 1x4 blocks run one a
+// multiprocessor with 6 stages, or two with 3 (compact): S is the largest count whose runs fit
+// one wave, with segments of at least kSplitMinSegmentTokens, and compact only where it gives
+// more segments. FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, for the
+// tests); FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16; compact when S's runs need it).
 constexpr int64_t kSplitMinTokens = 4096;
+constexpr int64_t kSplitMinSegmentTokens = 2048;
+constexpr int kSplitMaxSegments = 16;
 
-bool use_split(const Problem& p, StateConfig c, int sms) {
-  if (p.N != 1) return false;
-  if (const int forced = forced_switch("FLASHKDA_SPLIT"); forced >= 0) return forced == 1;
-  const int64_t blocks = p.H * (8 / c.value_slices);
-  return c.value_slices == 1 && c.key_parts == 4 && 3 * blocks <= sms && p.total_tokens >= kSplitMinTokens;
+struct SplitChoice {
+  int segments = 0;  // 0: not split
+  bool compact = false;
+};
+
+// The most segments whose 2S - 1 runs of `blocks` blocks fit `slots` block slots (>= 1).
+int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((slots / blocks + 1) / 2); }
+
+SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
+  if (p.N != 1) return {};
+  const int64_t blocks = p.H * (8 / c.value_slices);  // 1x4 blocks of one run
+  const int wide = segments_fitting(blocks, sms), compact = segments_fitting(blocks, 2 * int64_t{sms});
+  const int forced = forced_switch("FLASHKDA_SPLIT");
+  if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
+    int segments = 0;
+    if (std::sscanf(n, "%d", &segments) != 1 || segments < 2 || segments > kSplitMaxSegments)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n, "'");
+    if (forced == 0) return {};
+    return {segments, segments > wide};
+  }
+  if (forced == 0) return {};
+  if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4 || p.total_tokens < kSplitMinTokens)) return {};
+  const int by_length = static_cast<int>(std::min<int64_t>(kSplitMaxSegments, p.total_tokens / kSplitMinSegmentTokens));
+  int segments = std::max(2, std::min(compact, by_length));
+  const bool use_compact = segments > std::max(2, std::min(wide, by_length));
+  if (!use_compact) segments = std::max(2, std::min(wide, by_length));
+  if (forced != 1 && segments_fitting(blocks, use_compact ? 2 * int64_t{sms} : sms) < 2) return {};
+  return {segments, use_compact};
 }
 
 // Persistent state pass (state_persistent_kernel.cu): with more (sequence, head) items than
@@ -110,8 +139,10 @@ PrefillPlan plan_prefill(const Problem& p) {
   PrefillPlan plan;
   plan.multiprocessors = multiprocessor_count();
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
-  if (use_split(p, c, plan.multiprocessors)) {
+  if (const SplitChoice split = choose_split(p, c, plan.multiprocessors); split.segments > 0) {
     plan.pass = PrefillPlan::Pass::kSplit;
+    plan.split_segments = split.segments;
+    plan.split_compact = split.compact;
     c = {1, 4};
   } else if (use_persistent(p, c, plan.multiprocessors)) {
     plan.pass = PrefillPlan::Pass::kPersistent;
@@ -163,23 +194,37 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
 
-  // Split pass (N = 1): three runs, then out rows of segment 1 and the final state stitched.
+  // Split pass (N = 1): 2S - 1 runs, then the segment states chained (S_s = A_s S_{s-1} + B_s,
+  // the last into the final state) and the out rows of segments 1 .. S-1 stitched in one launch.
+  const int S = plan.split_segments;
   auto* buffers = reinterpret_cast<float*>(after_records);
   const int64_t state_elems = static_cast<int64_t>(plan.split_state_bytes / sizeof(float));
   const int64_t row_elems = static_cast<int64_t>(plan.split_row_bytes / sizeof(float));
-  state.split = {buffers, buffers + state_elems, buffers + 2 * state_elems, buffers + 3 * state_elems,
-                 buffers + 3 * state_elems + row_elems};
+  float* const boundary = buffers;
+  float* const b_t = boundary + (S - 1) * state_elems;
+  float* const a_t = b_t + (S - 1) * state_elems;
+  float* const out_b = a_t + (S - 1) * state_elems;
+  state.split = {S, plan.split_compact, boundary, b_t, a_t, out_b, out_b + row_elems};
   launch_state(state, config, stream);
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
-  StitchParams rows{state.split.out_a, state.split.mid_state, state.split.out_b, p.out, false, true,
-                    p.total_tokens, p.H * kHeadDim, kHeadDim, kStateHead, true, seqs};
-  if (p.total_tokens > 0) launch_stitch(rows, H, stream);
-  if (p.final_state) {
-    StitchParams final_state{state.split.mid_state, state.split.a_t, state.split.b_t, p.final_state,
-                             p.final_state_dtype == DType::kF32, false, kHeadDim, kHeadDim, kStateHead,
-                             kStateHead, false, seqs};
-    launch_stitch(final_state, H, stream);
+  for (int s = 1; s < S; ++s) {
+    const bool last = s == S - 1;
+    if (last && !p.final_state) break;
+    StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
+                       last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
+                       last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,
+                       kStateHead, 0, S, 0, seqs};
+    launch_stitch(chain, H, stream);
+  }
+  if (p.total_tokens > 0) {
+    // Rows of one segment: at most ceil(chunks / S) chunks (bos = 0 once cu_seqlens is checked;
+    // the kernel clamps to the real bounds either way).
+    const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
+    const int64_t segment_rows = (chunks + S - 1) / S * kChunk;
+    StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
+                      kHeadDim, kStateHead, 1, S, state_elems, seqs};
+    launch_stitch(rows, H, stream, S - 1);
   }
 }
 

@@ -24,16 +24,26 @@ struct PrepParams {
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
 };
 
-// Buffers of the segment-parallel state pass (all fp32, in the workspace; see state_kernel.cu):
-// a sequence's chunks split at mid into two segments, segment 1 run from zero (B) and from the
-// identity with v = 0 (A) while segment 0 runs from the initial state. Then, linear in the
-// state at mid S_m: out = out_b + out_a S_m (rows of segment 1) and S_end = A S_m + B.
+// The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
+// sequence's chunks are cut into `segments` equal runs. Segment 0 runs from the initial state;
+// every later segment s runs twice, from zero (B_s) and from the identity with v = 0 (A_s).
+// Each is linear in the state S_{s-1} where it starts, so afterwards, in order,
+//   S_s = A_s S_{s-1} + B_s   and   out = out_b + out_a S_{s-1} on the rows of segment s.
 struct StateSplit {
-  float* mid_state = nullptr;  // [N, H, 128 v, 128 k] S_m^T; nullptr: the pass is not split
-  float* b_t = nullptr;        // [N, H, 128, 128] B^T
-  float* a_t = nullptr;        // [N, H, 128 j, 128 k] A^T (row j: A's column j)
-  float* out_b = nullptr;      // [total, H, 128 v] segment-1 rows
-  float* out_a = nullptr;      // [total, H, 128 j] segment-1 rows
+  int segments = 0;            // S >= 2; 0: the pass is not split
+  bool compact = false;        // 3-stage blocks, two a multiprocessor (more runs in one wave)
+  float* boundary = nullptr;   // [S - 1][N, H, 128 v, 128 k] S_s^T at the end of segments 0 .. S-2
+  float* b_t = nullptr;        // [S - 1][N, H, 128, 128] B_s^T of segments 1 .. S-1
+  float* a_t = nullptr;        // [S - 1][N, H, 128 j, 128 k] A_s^T (row j: A_s's column j)
+  float* out_b = nullptr;      // [total, H, 128 v] rows of segments 1 .. S-1
+  float* out_a = nullptr;      // [total, H, 128 j] rows of segments 1 .. S-1
+
+  // Chunks [begin, end) of segment s of a sequence of `chunks` chunks.
+  __host__ __device__ static void segment_chunks(int chunks, int segments, int s, int& begin, int& end) {
+    const int per = (chunks + segments - 1) / segments;
+    begin = s * per < chunks ? s * per : chunks;
+    end = begin + per < chunks ? begin + per : chunks;
+  }
 };
 
 struct StateParams {
@@ -59,11 +69,15 @@ struct StitchParams {
   void* y;
   bool y_f32;
   bool m_transposed;
-  int64_t rows;          // rows per head; with segment1_rows only those of segment 1 are written
+  int64_t rows;          // rows per head (segment > 0: an upper bound of one segment's rows)
   int64_t row_stride;    // elements between rows of X, Z, Y
   int64_t head_stride;   // elements between heads of X, Z, Y
   int64_t m_head_stride;
-  bool segment1_rows;    // rows of sequence 0's segment 1 (the split pass's out rows)
+  // segment > 0: the rows of that segment of sequence 0 (the split pass runs N = 1), and M of
+  // segment s at m + (s - 1) m_segment_stride; blockIdx.z adds to `segment`.
+  int segment;
+  int segments;
+  int64_t m_segment_stride;
   SequenceTable seqs;
 };
 
@@ -79,6 +93,7 @@ struct StateConfig {
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
-void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream);
+// grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
+void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);
 
 }  // namespace flashkda::gpu

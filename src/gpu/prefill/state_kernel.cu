@@ -38,11 +38,12 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // producer warp that keeps STAGES chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind STAGES - 1 steps, and no computing warp ever waits to refill.
 //
-// kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut at
-// mid = ceil(chunks / 2) and blockIdx.y picks the run: 0 runs [0, mid) from the initial state
-// (out as usual, final state -> mid_state); 1 runs [mid, end) from zero (out -> out_b, final
-// -> b_t); 2 runs [mid, end) from the identity with v = 0 (out -> out_a, final -> a_t). The
-// three chains take half as many steps and run at once; the stitch kernel combines them.
+// kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut
+// into S segments and blockIdx.y picks the run: 0 runs segment 0 from the initial state (out as
+// usual, final state -> boundary[0]); 2s - 1 runs segment s from zero (out -> out_b, final ->
+// b_t[s - 1]); 2s runs segment s from the identity with v = 0 (out -> out_a, final ->
+// a_t[s - 1]). The 2S - 1 chains take 1/S of the steps and run at once; the stitch kernel
+// combines them.
 template <int VW, int KS, int STAGES, bool kSplit>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   constexpr int kStages = STAGES;
@@ -62,7 +63,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
   int c_begin = 0, c_end = num_chunks;  // the chunks this block runs
   const int run = kSplit ? static_cast<int>(blockIdx.y) : 0;
-  if constexpr (kSplit) (run == 0 ? c_end : c_begin) = (num_chunks + 1) / 2;
+  const int segment = (run + 1) / 2;      // runs 2s - 1 (B) and 2s (A) share segment s
+  const bool a_run = kSplit && run > 0 && run % 2 == 0;
+  if constexpr (kSplit) StateSplit::segment_chunks(num_chunks, p.split.segments, segment, c_begin, c_end);
   const int64_t slot0 = p.seqs.first_slot(n, bos);
   const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
   const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     int s = 0;
     uint32_t parity = 0;
     // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
-    const bool zero_v = kSplit && run == 2;
+    const bool zero_v = a_run;
     for (int c = c_begin; c < c_end; ++c) {
       if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
       fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int col0 = kpart * kTiles * 8;
   float acc[kTiles][4];
   if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
-  else if (run == 1) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
+  else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity(acc, vbase, col0, lane);
 
   LaneOffsets offsets;
@@ -131,10 +134,14 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     }
   };
   if (!kSplit || run == 0) run_chunks(p.out);
-  else run_chunks(run == 1 ? p.split.out_b : p.split.out_a);
+  else run_chunks(a_run ? p.split.out_a : p.split.out_b);
 
   if constexpr (kSplit) {
-    float* const final_state = run == 0 ? p.split.mid_state : run == 1 ? p.split.b_t : p.split.a_t;
+    // One [N, H, 128, 128] state per segment in each buffer (N = 1 here).
+    const int64_t state_elems = p.seqs.num_seqs * H * int64_t{kHeadDim} * kHeadDim;
+    float* const final_state = run == 0  ? p.split.boundary
+                               : a_run ? p.split.a_t + (segment - 1) * state_elems
+                                       : p.split.b_t + (segment - 1) * state_elems;
     store_state(acc, final_state, true, state_row0, col0, lane);
   } else if (p.final_state) {
     store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
@@ -151,7 +158,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
                                 kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
-  const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 3 : 1);
+  const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
   state_kernel<VW, KS, STAGES, kSplit><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
@@ -160,11 +167,12 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
   // Stages (kStageBytes, 26.5 KB): as many as shared memory holds at the blocks per
   // multiprocessor that the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages;
-  // 4x1: two blocks, 3).
-  if (p.split.mid_state) {  // the segment-parallel form exists for the few-heads layout only
+  // 4x1 and the compact split: two blocks, 3).
+  if (p.split.segments > 0) {  // the segment-parallel form exists for the few-heads layout only
     if (config.value_slices != 1 || config.key_parts != 4)
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 layout only");
-    launch_state_config<1, 4, 6, true>(p, stream);
+    if (p.split.compact) launch_state_config<1, 4, 3, true>(p, stream);
+    else launch_state_config<1, 4, 6, true>(p, stream);
   } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream);
   else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream);
   else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream);

@@ -1,7 +1,7 @@
-// Stitch kernel: combines the three runs of the split state pass (state_kernel.cu, kSplit),
-// which are linear in the state S_m at the split point:
-//   out[t]  = out_b[t] + out_a[t] S_m      for the rows t of segment 1   (Y = Z + X M^T, M = S_m^T)
-//   S_end^T = B^T + S_m^T A^T                                          (Y = Z + X M)
+// Stitch kernel: combines the runs of the split state pass (state_kernel.cu, kSplit), which are
+// linear in the state S_{s-1} where segment s starts:
+//   S_s^T  = B_s^T + S_{s-1}^T A_s^T                                     (Y = Z + X M)
+//   out[t] = out_b[t] + out_a[t] S_{s-1}   for the rows t of segment s   (Y = Z + X M^T, M = S_{s-1}^T)
 // One block: 64 rows of one head against a 128 x 128 M held in shared memory, fp32 FMAs.
 #include <cuda_runtime.h>
 
@@ -28,18 +28,21 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
   const int h = blockIdx.y, tid = threadIdx.x;
-  int64_t row_begin = 0, row_end = p.rows;
-  if (p.segment1_rows) {  // out rows: segment 1 of sequence 0 (the split pass runs N = 1)
+  const int segment = p.segment > 0 ? p.segment + static_cast<int>(blockIdx.z) : 0;
+  int64_t row_begin = 0, row_end = p.rows, row0 = int64_t{blockIdx.x} * kRows;
+  if (segment > 0) {  // out rows of one segment of sequence 0 (the split pass runs N = 1)
     int64_t bos, eos;
     p.seqs.bounds(0, bos, eos);
-    const int64_t chunks = (eos - bos + kChunk - 1) / kChunk;
-    row_begin = bos + (chunks + 1) / 2 * kChunk;
-    row_end = eos;
+    int c_begin, c_end;
+    StateSplit::segment_chunks(static_cast<int>((eos - bos + kChunk - 1) / kChunk), p.segments, segment, c_begin,
+                               c_end);
+    row_begin = bos + int64_t{c_begin} * kChunk;
+    row_end = min(bos + int64_t{c_end} * kChunk, eos);
+    row0 += row_begin;
   }
-  const int64_t row0 = int64_t{blockIdx.x} * kRows;
-  if (row0 + kRows <= row_begin || row0 >= row_end) return;  // uniform over the block
+  if (row0 >= row_end) return;  // uniform over the block
 
-  const float* m = p.m + h * p.m_head_stride;  // [128][128]
+  const float* m = p.m + h * p.m_head_stride + (segment > 1 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
   for (int i = tid; i < kHeadDim * kHeadDim; i += kThreads) {
     const int r = i / kHeadDim, c = i % kHeadDim;
     if (p.m_transposed) sm.m[c][r] = m[i];
@@ -84,14 +87,15 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
 
 }  // namespace
 
-void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream) {
+void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
   static_assert(sizeof(StitchSmem) <= 227 * 1024, "shared memory");
   constexpr int kSmem = sizeof(StitchSmem);
   static PerDeviceOnce raised;
   raised.run("stitch kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  const dim3 grid(static_cast<unsigned>((p.rows + kRows - 1) / kRows), static_cast<unsigned>(heads));
+  const dim3 grid(static_cast<unsigned>((p.rows + kRows - 1) / kRows), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(segment_launches));
   stitch_kernel<<<grid, kThreads, kSmem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch kernel launch failed: ", cudaGetErrorString(err));
