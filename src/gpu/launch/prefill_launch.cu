@@ -84,6 +84,7 @@ constexpr int kSplitMaxSegments = 16;
 struct SplitChoice {
   int segments = 0;  // 0: not split
   bool compact = false;
+  StateConfig layout{1, 4};
 };
 
 // The most segments whose 2S - 1 runs of `blocks` blocks fit `slots` block slots (>= 1).
@@ -91,7 +92,13 @@ int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((s
 
 SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   if (p.N != 1) return {};
-  const int64_t blocks = p.H * (8 / c.value_slices);  // 1x4 blocks of one run
+  StateConfig layout{1, 4};
+  if (const char* forced_layout = std::getenv("FLASHKDA_SPLIT_LAYOUT")) {  // 1x4 or 2x2 (measurements)
+    if (std::sscanf(forced_layout, "%dx%d", &layout.value_slices, &layout.key_parts) != 2 ||
+        !((layout.value_slices == 1 && layout.key_parts == 4) || (layout.value_slices == 2 && layout.key_parts == 2)))
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected 1x4 or 2x2, got '", forced_layout, "'");
+  }
+  const int64_t blocks = p.H * (8 / layout.value_slices);  // blocks of one run
   const int wide = segments_fitting(blocks, sms), compact = segments_fitting(blocks, 2 * int64_t{sms});
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
@@ -99,7 +106,7 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
     if (std::sscanf(n, "%d", &segments) != 1 || segments < 2 || segments > kSplitMaxSegments)
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n, "'");
     if (forced == 0) return {};
-    return {segments, segments > wide};
+    return {segments, segments > wide, layout};
   }
   if (forced == 0) return {};
   if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4 || p.total_tokens < kSplitMinTokens)) return {};
@@ -108,7 +115,7 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   const bool use_compact = segments > std::max(2, std::min(wide, by_length));
   if (!use_compact) segments = std::max(2, std::min(wide, by_length));
   if (forced != 1 && segments_fitting(blocks, use_compact ? 2 * int64_t{sms} : sms) < 2) return {};
-  return {segments, use_compact};
+  return {segments, use_compact, layout};
 }
 
 // Persistent state pass (state_persistent_kernel.cu): with more (sequence, head) items than
@@ -143,7 +150,7 @@ PrefillPlan plan_prefill(const Problem& p) {
     plan.pass = PrefillPlan::Pass::kSplit;
     plan.split_segments = split.segments;
     plan.split_compact = split.compact;
-    c = {1, 4};
+    c = split.layout;
   } else if (use_persistent(p, c, plan.multiprocessors)) {
     plan.pass = PrefillPlan::Pass::kPersistent;
     c = {8, 1};

@@ -168,11 +168,18 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
   // Stages (kStageBytes, 26.5 KB): as many as shared memory holds at the blocks per
   // multiprocessor that the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages;
   // 4x1 and the compact split: two blocks, 3).
-  if (p.split.segments > 0) {  // the segment-parallel form exists for the few-heads layout only
-    if (config.value_slices != 1 || config.key_parts != 4)
-      fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 layout only");
-    if (p.split.compact) launch_state_config<1, 4, 3, true>(p, stream);
-    else launch_state_config<1, 4, 6, true>(p, stream);
+  if (p.split.segments > 0) {  // the segment-parallel form runs the few-heads layouts
+    const bool two_by_two = config.value_slices == 2 && config.key_parts == 2;
+    if (!two_by_two && (config.value_slices != 1 || config.key_parts != 4))
+      fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 and 2x2 layouts only");
+    if (two_by_two) {
+      if (p.split.compact) launch_state_config<2, 2, 3, true>(p, stream);
+      else launch_state_config<2, 2, 6, true>(p, stream);
+    } else if (p.split.compact) {
+      launch_state_config<1, 4, 3, true>(p, stream);
+    } else {
+      launch_state_config<1, 4, 6, true>(p, stream);
+    }
   } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream);
   else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream);
   else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream);
