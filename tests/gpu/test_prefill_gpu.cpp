@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/oracle.h"
@@ -223,15 +224,21 @@ TEST_P(GpuPrefillSplit, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuPrefillSplit, ::testing::Values(0, 1, 16, 17, 33, 1000, 4097));
 
-// More segments: S = 3 (one block a multiprocessor for these 3 heads), 4 and 7 (3-stage blocks,
-// two a multiprocessor); segments past the sequence's chunks are empty (A = I, B = 0).
-class GpuPrefillSplitSegments : public GpuPrefill, public ::testing::WithParamInterface<const char*> {
+// More segments: S = 3 (one block a multiprocessor for these heads), 4 and 7 (3-stage blocks,
+// two a multiprocessor) on the 2x2 layout the launcher takes, and S = 4 on 1x4; segments past the
+// sequence's chunks are empty (A = I, B = 0).
+class GpuPrefillSplitSegments : public GpuPrefill,
+                                public ::testing::WithParamInterface<std::pair<const char*, const char*>> {
  protected:
   void SetUp() override {
     GpuPrefill::SetUp();
-    setenv("FLASHKDA_SPLIT_SEGMENTS", GetParam(), 1);
+    setenv("FLASHKDA_SPLIT_LAYOUT", GetParam().first, 1);
+    setenv("FLASHKDA_SPLIT_SEGMENTS", GetParam().second, 1);
   }
-  void TearDown() override { unsetenv("FLASHKDA_SPLIT_SEGMENTS"); }
+  void TearDown() override {
+    unsetenv("FLASHKDA_SPLIT_LAYOUT");
+    unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  }
 };
 
 TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
@@ -255,7 +262,9 @@ TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
   expect_matches_oracle(no_final);
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments, ::testing::Values("3", "4", "7"));
+INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments,
+                         ::testing::Values(std::make_pair("2x2", "3"), std::make_pair("2x2", "4"),
+                                           std::make_pair("2x2", "7"), std::make_pair("1x4", "4")));
 
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   setenv("FLASHKDA_SPLIT", "1", 1);

@@ -72,50 +72,56 @@ int forced_switch(const char* name) {
 // Segment-parallel state pass (StateSplit in kernels.h): one sequence, few heads, long. The
 // chain of T/16 steps is the whole cost there and most multiprocessors idle; cutting it into S
 // segments runs 2S - 1 chains of T/(16 S) steps at once (segment 0, and each later segment from
-// zero and from the identity) and the stitch kernel combines them. The 1x4 blocks run one a
-// multiprocessor with 6 stages, or two with 3 (compact): S is the largest count whose runs fit
-// one wave, with segments of at least kSplitMinSegmentTokens, and compact only where it gives
-// more segments. FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, for the
-// tests); FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16; compact when S's runs need it).
-constexpr int64_t kSplitMinTokens = 4096;
-constexpr int64_t kSplitMinSegmentTokens = 2048;
+// zero and from the identity) and the stitch kernel combines them. Its blocks use the 2x2 layout
+// (half the record reads of 1x4 per head, which matters once many runs share the L2), one a
+// multiprocessor with 6 stages, or two with 3 (compact) where that at least doubles S. S is the
+// largest count whose runs fit one wave, with segments of at least 4096 tokens, up to 16; below
+// 3 segments the stitch costs more than the chain saves. Measured on the H200 (ae03dfd, ms,
+// 1x4 / 2x2 at S = 2, 3, 4, 6, 8; unsplit P7 1.55, P8 2.92, P11 6.18):
+//   P7  [32768] x 8:   1.80 1.94 1.87 1.96 2.04  /  1.60 1.56 1.39 1.71 1.56
+//   P8  [65536] x 4:   2.46 2.35 1.98 2.40 2.02  /  2.72 2.08 1.77 1.72 1.54
+//   P11 [131072] x 8:  6.77 7.31 7.06 7.25 7.40  /  6.21 5.85 5.07 6.18 5.42
+// FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, S >= 2, for the tests);
+// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16) and FLASHKDA_SPLIT_LAYOUT=1x4|2x2 the layout.
+constexpr int64_t kSplitMinTokens = 4096;  // per segment
 constexpr int kSplitMaxSegments = 16;
 
 struct SplitChoice {
   int segments = 0;  // 0: not split
   bool compact = false;
-  StateConfig layout{1, 4};
+  StateConfig layout{2, 2};
 };
 
-// The most segments whose 2S - 1 runs of `blocks` blocks fit `slots` block slots (>= 1).
+// The most segments whose 2S - 1 runs of `blocks` blocks fit `slots` block slots.
 int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((slots / blocks + 1) / 2); }
 
 SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   if (p.N != 1) return {};
-  StateConfig layout{1, 4};
-  if (const char* forced_layout = std::getenv("FLASHKDA_SPLIT_LAYOUT")) {  // 1x4 or 2x2 (measurements)
-    if (std::sscanf(forced_layout, "%dx%d", &layout.value_slices, &layout.key_parts) != 2 ||
-        !((layout.value_slices == 1 && layout.key_parts == 4) || (layout.value_slices == 2 && layout.key_parts == 2)))
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected 1x4 or 2x2, got '", forced_layout, "'");
-  }
-  const int64_t blocks = p.H * (8 / layout.value_slices);  // blocks of one run
-  const int wide = segments_fitting(blocks, sms), compact = segments_fitting(blocks, 2 * int64_t{sms});
   const int forced = forced_switch("FLASHKDA_SPLIT");
-  if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
-    int segments = 0;
-    if (std::sscanf(n, "%d", &segments) != 1 || segments < 2 || segments > kSplitMaxSegments)
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n, "'");
-    if (forced == 0) return {};
-    return {segments, segments > wide, layout};
-  }
   if (forced == 0) return {};
-  if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4 || p.total_tokens < kSplitMinTokens)) return {};
-  const int by_length = static_cast<int>(std::min<int64_t>(kSplitMaxSegments, p.total_tokens / kSplitMinSegmentTokens));
-  int segments = std::max(2, std::min(compact, by_length));
-  const bool use_compact = segments > std::max(2, std::min(wide, by_length));
-  if (!use_compact) segments = std::max(2, std::min(wide, by_length));
-  if (forced != 1 && segments_fitting(blocks, use_compact ? 2 * int64_t{sms} : sms) < 2) return {};
-  return {segments, use_compact, layout};
+  SplitChoice choice;
+  if (const char* layout = std::getenv("FLASHKDA_SPLIT_LAYOUT")) {
+    StateConfig& l = choice.layout;
+    if (std::sscanf(layout, "%dx%d", &l.value_slices, &l.key_parts) != 2 ||
+        !((l.value_slices == 1 && l.key_parts == 4) || (l.value_slices == 2 && l.key_parts == 2)))
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected 1x4 or 2x2, got '", layout, "'");
+  }
+  const int64_t blocks = p.H * (8 / choice.layout.value_slices);  // blocks of one run
+  const int wide = segments_fitting(blocks, sms), compact = segments_fitting(blocks, 2 * int64_t{sms});
+  if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
+    if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 || choice.segments > kSplitMaxSegments)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n,
+           "'");
+    choice.compact = choice.segments > wide;
+    return choice;
+  }
+  if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4)) return {};  // many heads fill the GPU already
+  choice.compact = compact >= 2 * wide;
+  const int64_t by_length = std::min<int64_t>(kSplitMaxSegments, p.total_tokens / kSplitMinTokens);
+  choice.segments = static_cast<int>(std::min<int64_t>(choice.compact ? compact : wide, by_length));
+  if (forced == 1) choice.segments = std::max(choice.segments, 2);
+  else if (choice.segments < 3) return {};
+  return choice;
 }
 
 // Persistent state pass (state_persistent_kernel.cu): with more (sequence, head) items than
