@@ -1,5 +1,6 @@
-// EXPECT_REFUSED(problem, args, code, matchers...): forward() on host tensors refuses `args` with
-// `code` and a message matching every matcher, writes nothing, and the C ABI says the same.
+// What the refusal suites share: EXPECT_REFUSED(problem, args, code, matchers...) (forward() on
+// host tensors refuses `args` with `code` and a message matching every matcher, writes nothing,
+// and the C ABI says the same) and a fixture holding a valid problem to break.
 #pragma once
 
 #include <gmock/gmock.h>
@@ -17,3 +18,16 @@
     EXPECT_EQ(r_.c_code, static_cast<int>(expected_code)) << "C ABI: " << r_.c_message;           \
     EXPECT_EQ(r_.c_message, r_.message) << "the C ABI's flashkda_last_error() differs";           \
   } while (0)
+
+namespace flashkda::api_test {
+
+constexpr ErrorCode kInvalid = ErrorCode::kInvalidArgument;
+
+// A valid problem whose arguments a test breaks one at a time.
+class HostArgsTest : public ::testing::Test {
+ protected:
+  HostProblem p;  // 2 packed sequences [17, 23], T = 40, H = 2, K = V = 128, bf16 states
+  ForwardArgs a = p.args();
+};
+
+}  // namespace flashkda::api_test

@@ -15,13 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ErrorCode kInvalid = ErrorCode::kInvalidArgument;
-
-class BadInput : public ::testing::Test {
- protected:
-  HostProblem p;  // 2 packed sequences [17, 23], T = 40, H = 2, K = V = 128, bf16 states
-  ForwardArgs a = p.args();
-};
+class BadInput : public HostArgsTest {};
 
 // ---------------------------------------------------------------------------------------------
 // A tensor that is passed is given, even with no elements (frameworks hand out a null pointer

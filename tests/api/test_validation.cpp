@@ -17,13 +17,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ErrorCode kInvalid = ErrorCode::kInvalidArgument;
-
-class Validation : public ::testing::Test {
- protected:
-  HostProblem p;  // 2 packed sequences [17, 23], T = 40, H = 2, K = V = 128, bf16 states
-  ForwardArgs a = p.args();
-};
+class Validation : public HostArgsTest {};
 
 // ---------------------------------------------------------------------------------------------
 // The valid problem itself is accepted (so every refusal below is due to the one change made).
