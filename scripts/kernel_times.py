@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Median duration per kernel from `ncu --csv --metrics gpu__time_duration.sum` output.
 
-  scripts/kernel_times.py CASE ncu.csv   ->  one line: CASE  prep_kernel 123.4 us  state_kernel<8,1,6> 456.7 us
+  scripts/kernel_times.py CASE ncu.csv   ->  one line: CASE: prep_kernel 123.4 us (x3; 123.4 us a call), ...
 """
 import csv
 import re
@@ -22,7 +22,10 @@ def main():
         name = (m.group(1) + (m.group(2) or "")) if m else name[:40]
         scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(row.get("Metric Unit", "nsecond"), 1e-3)
         times.setdefault(name, []).append(float(row["Metric Value"].replace(",", "")) * scale)
-    parts = [f"{k} {statistics.median(v):.1f} us (x{len(v)})" for k, v in times.items()]
+    # Per forward call: prep runs once a call; kernels launched several times a call (the split
+    # pass's stitches) are summed over the call.
+    calls = len(times.get("prep_kernel", [])) or 1
+    parts = [f"{k} {statistics.median(v):.1f} us (x{len(v)}; {sum(v) / calls:.1f} us a call)" for k, v in times.items()]
     print(f"{case}: " + ", ".join(parts))
 
 

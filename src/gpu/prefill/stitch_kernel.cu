@@ -2,27 +2,35 @@
 // linear in the state S_{s-1} where segment s starts:
 //   S_s^T  = B_s^T + S_{s-1}^T A_s^T                                     (Y = Z + X M)
 //   out[t] = out_b[t] + out_a[t] S_{s-1}   for the rows t of segment s   (Y = Z + X M^T, M = S_{s-1}^T)
-// One block: 64 rows of one head against a 128 x 128 M held in shared memory, fp32 FMAs.
 #include <cuda_runtime.h>
 
 #include "api/validate.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
 namespace {
 
-constexpr int kRows = 64;       // rows per block
-constexpr int kThreads = 256;   // 64 column pairs x 4 groups of 16 rows
-// Rows padded by 4 floats: the transposing fills hit 8 banks a warp instead of one.
-constexpr int kMStride = kHeadDim + 4;
-constexpr int kXStride = kRows + 4;
+// One block: 128 rows of one head (8 warps x 16 rows) against a 128 x 128 M, on the tensor cores
+// in 3xTF32 (X M = Xhi Mhi + Xhi Mlo + Xlo Mhi, each product m16n8k8 tf32 with fp32
+// accumulators: about fp32's accuracy, where plain tf32 would add ~5e-4 to out when the state is
+// large). The FMA version took 30 us a chain step and 430 us for P8's out rows (ncu, 189cc93).
+constexpr int kWarps = 8;
+constexpr int kRows = kWarps * 16;
+constexpr int kThreads = kWarps * 32;
+// fp32 rows padded by 8 floats: row r starts in bank 8r, so the 8-byte fragment loads of rows
+// g = 0..3 (one half-warp) never collide.
+constexpr int kStride = kHeadDim + 8;
 
 struct StitchSmem {
-  float m[kHeadDim][kMStride];  // M[j][c]
-  float x[kHeadDim][kXStride];  // X^T: x[j][row], read as broadcast float4
+  float x[kRows][kStride];        // X rows
+  float m_hi[kHeadDim][kStride];  // M^T [n][k], tf32 high part (B fragments are then one load)
+  float m_lo[kHeadDim][kStride];  // M^T - m_hi
 };
+
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
 __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -42,46 +50,67 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
   }
   if (row0 >= row_end) return;  // uniform over the block
 
-  const float* m = p.m + h * p.m_head_stride + (segment > 1 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
+  // M^T into shared memory, split hi + lo: m_hi[n][k] = M[k][n] (Y = X M), or M[n][k] as stored
+  // (Y = X M^T).
+  const float* m = p.m + h * p.m_head_stride + (segment > 0 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
   for (int i = tid; i < kHeadDim * kHeadDim; i += kThreads) {
     const int r = i / kHeadDim, c = i % kHeadDim;
-    if (p.m_transposed) sm.m[c][r] = m[i];
-    else sm.m[r][c] = m[i];
+    const float v = m[i];
+    const float hi = ptx::tf32_high_part(v);
+    const int n = p.m_transposed ? r : c, k = p.m_transposed ? c : r;
+    sm.m_hi[n][k] = hi;
+    sm.m_lo[n][k] = v - hi;  // a NaN that the high part dropped stays here
   }
   const float* x = p.x + h * p.head_stride;
-  for (int i = tid; i < kRows * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, j = i % kHeadDim;
+  for (int i = tid; i < kRows * (kHeadDim / 4); i += kThreads) {
+    const int r = i / (kHeadDim / 4), q = i % (kHeadDim / 4);
     const int64_t row = row0 + r;
-    sm.x[j][r] = row >= row_begin && row < row_end ? x[row * p.row_stride + j] : 0.0f;
+    const float4 v = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * q)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&sm.x[r][4 * q]) = v;
   }
   __syncthreads();
 
-  const int cp = tid % 64, rg = tid / 64;  // columns 2cp, 2cp + 1; rows 16 rg .. 16 rg + 15
-  float acc[16][2] = {};
-#pragma unroll 4
-  for (int j = 0; j < kHeadDim; ++j) {
-    const float2 mv = *reinterpret_cast<const float2*>(&sm.m[j][2 * cp]);
+  // Warp w: rows 16 w .. 16 w + 15, all 16 n-tiles; k-slot t = element 2t, t + 4 = 2t + 1 (mma.cuh).
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  float acc[kHeadDim / 8][4] = {};
+#pragma unroll 2
+  for (int k0 = 0; k0 < kHeadDim; k0 += 8) {
+    const float2 top = load2(&sm.x[16 * warp + g][k0 + 2 * t4]);
+    const float2 bottom = load2(&sm.x[16 * warp + g + 8][k0 + 2 * t4]);
+    const float a[4] = {top.x, bottom.x, top.y, bottom.y};
+    uint32_t a_hi[4], a_lo[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float4 xv = *reinterpret_cast<const float4*>(&sm.x[j][16 * rg + 4 * q]);
-      const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    for (int i = 0; i < 4; ++i) {
+      const float hi = ptx::tf32_high_part(a[i]);
+      a_hi[i] = __float_as_uint(hi);
+      a_lo[i] = __float_as_uint(a[i] - hi);
+    }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[4 * q + e][0] = fmaf(xs[e], mv.x, acc[4 * q + e][0]);
-        acc[4 * q + e][1] = fmaf(xs[e], mv.y, acc[4 * q + e][1]);
-      }
+    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+      const float2 b_hi = load2(&sm.m_hi[8 * nt + g][k0 + 2 * t4]);
+      const float2 b_lo = load2(&sm.m_lo[8 * nt + g][k0 + 2 * t4]);
+      ptx::mma_tf32_1688(acc[nt], a_lo, b_hi.x, b_hi.y);
+      ptx::mma_tf32_1688(acc[nt], a_hi, b_lo.x, b_lo.y);
+      ptx::mma_tf32_1688(acc[nt], a_hi, b_hi.x, b_hi.y);
     }
   }
+
+  // C fragments: acc[nt][0..1] row g, columns 8 nt + 2 t4 (+1); acc[nt][2..3] row g + 8.
   const float* z = p.z + h * p.head_stride;
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const int64_t row = row0 + 16 * rg + r;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + 16 * warp + g + 8 * half;
     if (row < row_begin || row >= row_end) continue;
-    const int64_t idx = row * p.row_stride + h * p.head_stride + 2 * cp;
-    const float2 zv = *reinterpret_cast<const float2*>(z + row * p.row_stride + 2 * cp);
-    const float y0 = acc[r][0] + zv.x, y1 = acc[r][1] + zv.y;
-    if (p.y_f32) *reinterpret_cast<float2*>(static_cast<float*>(p.y) + idx) = make_float2(y0, y1);
-    else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.y) + idx) = ptx::pack_bf16x2(y0, y1);
+#pragma unroll
+    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+      const int col = 8 * nt + 2 * t4;
+      const float2 zv = load2(z + row * p.row_stride + col);
+      const float y0 = acc[nt][2 * half] + zv.x, y1 = acc[nt][2 * half + 1] + zv.y;
+      const int64_t idx = row * p.row_stride + h * p.head_stride + col;
+      if (p.y_f32) *reinterpret_cast<float2*>(static_cast<float*>(p.y) + idx) = make_float2(y0, y1);
+      else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.y) + idx) = ptx::pack_bf16x2(y0, y1);
+    }
   }
 }
 
