@@ -51,24 +51,36 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
   if (row0 >= row_end) return;  // uniform over the block
 
   // M^T into shared memory, split hi + lo: m_hi[n][k] = M[k][n] (Y = X M), or M[n][k] as stored
-  // (Y = X M^T).
+  // (Y = X M^T). All 16 loads of a thread are issued before the first store: one device-memory
+  // latency per block, not one per load (the FMA version's loop waited on each: ~30 us a block).
   const float* m = p.m + h * p.m_head_stride + (segment > 0 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
-  for (int i = tid; i < kHeadDim * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, c = i % kHeadDim;
-    const float v = m[i];
-    const float hi = ptx::tf32_high_part(v);
-    const int n = p.m_transposed ? r : c, k = p.m_transposed ? c : r;
-    sm.m_hi[n][k] = hi;
-    sm.m_lo[n][k] = v - hi;  // a NaN that the high part dropped stays here
-  }
+  constexpr int kVectors = kHeadDim * kHeadDim / 4 / kThreads;  // float4 loads a thread, for M and for X
+  float4 mv[kVectors];
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
   const float* x = p.x + h * p.head_stride;
-  for (int i = tid; i < kRows * (kHeadDim / 4); i += kThreads) {
-    const int r = i / (kHeadDim / 4), q = i % (kHeadDim / 4);
+  float4 xv[kVectors];
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int i = tid + v * kThreads, r = i / (kHeadDim / 4), q = i % (kHeadDim / 4);
     const int64_t row = row0 + r;
-    const float4 v = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * q)
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    *reinterpret_cast<float4*>(&sm.x[r][4 * q]) = v;
+    xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * q)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int i = tid + v * kThreads, r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
+    const float e[4] = {mv[v].x, mv[v].y, mv[v].z, mv[v].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float hi = ptx::tf32_high_part(e[j]);
+      const int n = p.m_transposed ? r : c + j, k = p.m_transposed ? c + j : r;
+      sm.m_hi[n][k] = hi;
+      sm.m_lo[n][k] = e[j] - hi;  // a NaN that the high part dropped stays here
+    }
+    *reinterpret_cast<float4*>(&sm.x[r][c]) = xv[v];
+  }
+  static_assert(kRows * kHeadDim == kHeadDim * kHeadDim, "X and M tiles share the load loop");
   __syncthreads();
 
   // Warp w: rows 16 w .. 16 w + 15, all 16 n-tiles; k-slot t = element 2t, t + 4 = 2t + 1 (mma.cuh).
