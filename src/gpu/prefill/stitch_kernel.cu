@@ -13,28 +13,43 @@
 namespace flashkda::gpu {
 namespace {
 
-// One block: 128 rows of one head (8 warps x 16 rows) against a 128 x 128 M, on the tensor cores
-// in 3xTF32 (X M = Xhi Mhi + Xhi Mlo + Xlo Mhi, each product m16n8k8 tf32 with fp32
-// accumulators: about fp32's accuracy, where plain tf32 would add ~5e-4 to out when the state is
-// large). The FMA version took 30 us a chain step and 430 us for P8's out rows (ncu, 189cc93).
+// One block: 64 rows of one head against a 128 x 128 M, on the tensor cores in 3xTF32
+// (X M = Xhi Mhi + Xhi Mlo + Xlo Mhi, m16n8k8 tf32 products with fp32 accumulators: about fp32's
+// accuracy, where plain tf32 would add ~5e-4 to out when the state is large). 8 warps: warp w
+// takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2. X and M are stored as loaded (fp32,
+// 104 KB: two blocks a multiprocessor, so one block's loads overlap the other's products) and
+// split into hi + lo in registers. ncu at 189cc93 (P8): the FMA version spent 40 us on each
+// chain step (4 blocks) and 340 us on the out rows at 0.85 TB/s, stalled on loads with one
+// block a multiprocessor.
 constexpr int kWarps = 8;
-constexpr int kRows = kWarps * 16;
+constexpr int kRows = 64;
 constexpr int kThreads = kWarps * 32;
-// fp32 rows padded by 8 floats: row r starts in bank 8r, so the 8-byte fragment loads of rows
-// g = 0..3 (one half-warp) never collide.
-constexpr int kStride = kHeadDim + 8;
+// Row strides in floats. X and M^T [n][k] (kTransposed) are read as 8-byte pairs along a row:
+// + 8 puts row r in bank 8r, so rows g = 0..3 of a half-warp never collide. M [k][n] is read as
+// single words down two rows: + 4 puts rows 2t (t = 0..3) in banks 8t, 8t + 1, ...
+constexpr int kPairStride = kHeadDim + 8;
+constexpr int kWordStride = kHeadDim + 4;
 
 struct StitchSmem {
-  float x[kRows][kStride];        // X rows
-  float m_hi[kHeadDim][kStride];  // M^T [n][k], tf32 high part (B fragments are then one load)
-  float m_lo[kHeadDim][kStride];  // M^T - m_hi
+  float x[kRows][kPairStride];
+  float m[kHeadDim][kPairStride];  // as stored: M^T [n][k] (kTransposed) or M [k][n]
 };
 
 __device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
-__global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) {
+// hi (the tf32 value nearest x) and lo = x - hi, as mma operand bits. A NaN that hi drops stays in lo.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  const float h = ptx::tf32_high_part(x);
+  hi = __float_as_uint(h);
+  lo = __float_as_uint(x - h);
+}
+
+template <bool kTransposed>
+__global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams p) {
+  constexpr int kMStride = kTransposed ? kPairStride : kWordStride;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
+  float(*m_tile)[kMStride] = reinterpret_cast<float(*)[kMStride]>(&sm.m[0][0]);
   const int h = blockIdx.y, tid = threadIdx.x;
   const int segment = p.segment > 0 ? p.segment + static_cast<int>(blockIdx.z) : 0;
   int64_t row_begin = 0, row_end = p.rows, row0 = int64_t{blockIdx.x} * kRows;
@@ -50,75 +65,72 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
   }
   if (row0 >= row_end) return;  // uniform over the block
 
-  // M^T into shared memory, split hi + lo: m_hi[n][k] = M[k][n] (Y = X M), or M[n][k] as stored
-  // (Y = X M^T). All 16 loads of a thread are issued before the first store: one device-memory
-  // latency per block, not one per load (the FMA version's loop waited on each: ~30 us a block).
+  // Loads first, all in flight, then the shared-memory stores: one memory latency a block.
   const float* m = p.m + h * p.m_head_stride + (segment > 0 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
-  constexpr int kVectors = kHeadDim * kHeadDim / 4 / kThreads;  // float4 loads a thread, for M and for X
-  float4 mv[kVectors];
-#pragma unroll
-  for (int v = 0; v < kVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
   const float* x = p.x + h * p.head_stride;
-  float4 xv[kVectors];
+  constexpr int kMVectors = kHeadDim * kHeadDim / 4 / kThreads, kXVectors = kRows * kHeadDim / 4 / kThreads;
+  constexpr int kRowVectors = kHeadDim / 4;
+  float4 mv[kMVectors], xv[kXVectors];
 #pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int i = tid + v * kThreads, r = i / (kHeadDim / 4), q = i % (kHeadDim / 4);
-    const int64_t row = row0 + r;
-    xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * q)
+  for (int v = 0; v < kMVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
+#pragma unroll
+  for (int v = 0; v < kXVectors; ++v) {
+    const int i = tid + v * kThreads;
+    const int64_t row = row0 + i / kRowVectors;
+    xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * (i % kRowVectors))
                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int i = tid + v * kThreads, r = i / (kHeadDim / 4), c = 4 * (i % (kHeadDim / 4));
-    const float e[4] = {mv[v].x, mv[v].y, mv[v].z, mv[v].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float hi = ptx::tf32_high_part(e[j]);
-      const int n = p.m_transposed ? r : c + j, k = p.m_transposed ? c + j : r;
-      sm.m_hi[n][k] = hi;
-      sm.m_lo[n][k] = e[j] - hi;  // a NaN that the high part dropped stays here
-    }
-    *reinterpret_cast<float4*>(&sm.x[r][c]) = xv[v];
+  for (int v = 0; v < kMVectors; ++v) {
+    const int i = tid + v * kThreads;
+    *reinterpret_cast<float4*>(&m_tile[i / kRowVectors][4 * (i % kRowVectors)]) = mv[v];
   }
-  static_assert(kRows * kHeadDim == kHeadDim * kHeadDim, "X and M tiles share the load loop");
+#pragma unroll
+  for (int v = 0; v < kXVectors; ++v) {
+    const int i = tid + v * kThreads;
+    *reinterpret_cast<float4*>(&sm.x[i / kRowVectors][4 * (i % kRowVectors)]) = xv[v];
+  }
   __syncthreads();
 
-  // Warp w: rows 16 w .. 16 w + 15, all 16 n-tiles; k-slot t = element 2t, t + 4 = 2t + 1 (mma.cuh).
+  // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  float acc[kHeadDim / 8][4] = {};
+  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
+  constexpr int kNTiles = kHeadDim / 8 / 2;  // n-tiles of one warp
+  float acc[kNTiles][4] = {};
 #pragma unroll 2
   for (int k0 = 0; k0 < kHeadDim; k0 += 8) {
-    const float2 top = load2(&sm.x[16 * warp + g][k0 + 2 * t4]);
-    const float2 bottom = load2(&sm.x[16 * warp + g + 8][k0 + 2 * t4]);
-    const float a[4] = {top.x, bottom.x, top.y, bottom.y};
+    const float2 top = load2(&sm.x[r0 + g][k0 + 2 * t4]);
+    const float2 bottom = load2(&sm.x[r0 + g + 8][k0 + 2 * t4]);
     uint32_t a_hi[4], a_lo[4];
+    split_tf32(top.x, a_hi[0], a_lo[0]);
+    split_tf32(bottom.x, a_hi[1], a_lo[1]);
+    split_tf32(top.y, a_hi[2], a_lo[2]);
+    split_tf32(bottom.y, a_hi[3], a_lo[3]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float hi = ptx::tf32_high_part(a[i]);
-      a_hi[i] = __float_as_uint(hi);
-      a_lo[i] = __float_as_uint(a[i] - hi);
-    }
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-      const float2 b_hi = load2(&sm.m_hi[8 * nt + g][k0 + 2 * t4]);
-      const float2 b_lo = load2(&sm.m_lo[8 * nt + g][k0 + 2 * t4]);
-      ptx::mma_tf32_1688(acc[nt], a_lo, b_hi.x, b_hi.y);
-      ptx::mma_tf32_1688(acc[nt], a_hi, b_lo.x, b_lo.y);
-      ptx::mma_tf32_1688(acc[nt], a_hi, b_hi.x, b_hi.y);
+    for (int j = 0; j < kNTiles; ++j) {
+      const int n = 8 * (nt0 + j) + g;
+      const float2 b = kTransposed ? load2(&m_tile[n][k0 + 2 * t4])
+                                   : make_float2(m_tile[k0 + 2 * t4][n], m_tile[k0 + 2 * t4 + 1][n]);
+      uint32_t b_hi[2], b_lo[2];
+      split_tf32(b.x, b_hi[0], b_lo[0]);
+      split_tf32(b.y, b_hi[1], b_lo[1]);
+      ptx::mma_tf32_1688(acc[j], a_lo, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
+      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_lo[0]), __uint_as_float(b_lo[1]));
+      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
     }
   }
 
-  // C fragments: acc[nt][0..1] row g, columns 8 nt + 2 t4 (+1); acc[nt][2..3] row g + 8.
+  // C fragments: acc[j][0..1] row g, columns 8 (nt0 + j) + 2 t4 (+1); acc[j][2..3] row g + 8.
   const float* z = p.z + h * p.head_stride;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + 16 * warp + g + 8 * half;
+    const int64_t row = row0 + r0 + g + 8 * half;
     if (row < row_begin || row >= row_end) continue;
 #pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-      const int col = 8 * nt + 2 * t4;
+    for (int j = 0; j < kNTiles; ++j) {
+      const int col = 8 * (nt0 + j) + 2 * t4;
       const float2 zv = load2(z + row * p.row_stride + col);
-      const float y0 = acc[nt][2 * half] + zv.x, y1 = acc[nt][2 * half + 1] + zv.y;
+      const float y0 = acc[j][2 * half] + zv.x, y1 = acc[j][2 * half + 1] + zv.y;
       const int64_t idx = row * p.row_stride + h * p.head_stride + col;
       if (p.y_f32) *reinterpret_cast<float2*>(static_cast<float*>(p.y) + idx) = make_float2(y0, y1);
       else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.y) + idx) = ptx::pack_bf16x2(y0, y1);
@@ -126,18 +138,24 @@ __global__ void __launch_bounds__(kThreads) stitch_kernel(const StitchParams p) 
   }
 }
 
-}  // namespace
-
-void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
-  static_assert(sizeof(StitchSmem) <= 227 * 1024, "shared memory");
+template <bool kTransposed>
+void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
   constexpr int kSmem = sizeof(StitchSmem);
+  static_assert(2 * kSmem <= 227 * 1024, "two blocks a multiprocessor");
   static PerDeviceOnce raised;
   raised.run("stitch kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(stitch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return cudaFuncSetAttribute(stitch_kernel<kTransposed>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const dim3 grid(static_cast<unsigned>((p.rows + kRows - 1) / kRows), static_cast<unsigned>(heads),
                   static_cast<unsigned>(segment_launches));
-  stitch_kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  stitch_kernel<kTransposed><<<grid, kThreads, kSmem, stream>>>(p);
+}
+
+}  // namespace
+
+void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
+  if (p.m_transposed) launch_stitch_form<true>(p, heads, stream, segment_launches);
+  else launch_stitch_form<false>(p, heads, stream, segment_launches);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch kernel launch failed: ", cudaGetErrorString(err));
 }
