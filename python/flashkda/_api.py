@@ -53,32 +53,31 @@ def _is_array(x) -> bool:
     return True
 
 
-# The tensor arguments in the extension's order (_ext.ARG_NAMES): the first seven are required
-# everywhere, out in fwd() too.
-_TENSOR_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out", "initial_state", "final_state",
-                 "cu_seqlens")
+# The tensor arguments in the extension's order, and which of them forward() requires (the C++
+# argument table, src/api/arguments.h, through the extension).
+_TENSOR_NAMES = tuple(_ext.ARG_NAMES)
+_REQUIRED = tuple(_ext.ARG_REQUIRED)
 
 
-def _check_tensors(tensors, required: int) -> None:
-    """Refuses, naming the argument, what no backend can take: None for one of the first
-    `required` tensors, an object that is no array (a list, a number), and, with torch grad mode
-    on, a torch tensor that requires grad (flashkda has no backward yet). `tensors` are in
-    _TENSOR_NAMES order."""
+def _check_tensors(tensors, allocated=()) -> None:
+    """Refuses, naming the argument, what no backend can take: None for a required tensor (one
+    this call does not allocate itself: `allocated` names those), an object that is no array (a
+    list, a number), and, with torch grad mode on, a torch tensor that requires grad (flashkda
+    has no backward yet). `tensors` are in _TENSOR_NAMES order."""
     grad = _torch is not None and _torch.is_grad_enabled()
-    for i, x in enumerate(tensors):
+    for name, required, x in zip(_TENSOR_NAMES, _REQUIRED, tensors):
         if x is None:
-            if i < required:
-                raise TypeError(f"{_TENSOR_NAMES[i]}: required tensor is missing")
+            if required and name not in allocated:
+                raise TypeError(f"{name}: required tensor is missing")
         elif _is_torch(x):
             if grad and x.requires_grad:
-                name = _TENSOR_NAMES[i]
                 raise RuntimeError(
                     f"{name}: requires grad, but flashkda is inference only (there is no backward yet): "
                     f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
                 )
         elif not _is_array(x):
             raise TypeError(
-                f"{_TENSOR_NAMES[i]}: expected a tensor or array (torch, NumPy, CuPy, JAX; anything with "
+                f"{name}: expected a tensor or array (torch, NumPy, CuPy, JAX; anything with "
                 f"DLPack or the buffer protocol), got {type(x).__name__}"
             )
 
@@ -151,7 +150,7 @@ def forward(
         backward yet), so call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or
         pass detached tensors. The messages name the argument, the expectation and what was given.
     """
-    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens), 7)
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens), allocated=("out",))
     gate_id = _gate_id(gate)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
@@ -183,7 +182,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
     :func:`forward`'s: False skips the host check of CUDA ``cu_seqlens`` and with it the one
     synchronisation of a call. Inference only, like :func:`forward`.
     """
-    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens), 8)
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens))
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
     if _is_torch(q):

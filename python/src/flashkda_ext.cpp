@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "api/arguments.h"
 #include "api/validate.h"
 #include "common/problem.h"
 #include "cpu/oracle.h"
@@ -38,28 +39,35 @@ using flashkda::ErrorCode;
 // ---------------------------------------------------------------------------------------------
 // Arguments
 
-// The tensor arguments of forward(), in a fixed order; bit i of `bf16_views` marks argument i as a
-// uint16 view of bfloat16 data (how NumPy arrays of ml_dtypes.bfloat16 come in: NumPy exports
-// that dtype neither through DLPack nor through the buffer protocol).
+// The tensor arguments of forward() (api/arguments.h), in the table's order; bit i of
+// `bf16_views` marks argument i as a uint16 view of bfloat16 data (how NumPy arrays of
+// ml_dtypes.bfloat16 come in: NumPy exports that dtype neither through DLPack nor through the
+// buffer protocol).
 enum ArgIndex : int {
   kQ, kK, kV, kG, kBeta, kALog, kDtBias, kOut, kInitialState, kFinalState, kCuSeqlens, kNumArgs
 };
+static_assert(kNumArgs == flashkda::kNumTensorArguments, "one index per argument of the table");
 
+constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == 0 || same_name(a + 1, b + 1)); }
+static_assert(same_name(flashkda::kTensorArguments[kQ].name, "q") && same_name(flashkda::kTensorArguments[kOut].name, "out") &&
+                  same_name(flashkda::kTensorArguments[kCuSeqlens].name, "cu_seqlens"),
+              "ArgIndex follows the table's order");
+
+// What the binding needs of an argument: its name, its dtypes in the validation's words, and
+// whether it is written (imported writable).
 struct ArgSpec {
   const char* name;
-  const char* expected_dtype;  // as the C++ validation words it
+  const char* expected_dtype;
   bool writable;
 };
 
-constexpr ArgSpec kArgs[kNumArgs] = {
-    {"q", "bfloat16", false},           {"k", "bfloat16", false},
-    {"v", "bfloat16", false},           {"g", "bfloat16", false},
-    {"beta", "bfloat16", false},        {"A_log", "float32", false},
-    {"dt_bias", "float32", false},      {"out", "bfloat16", true},
-    {"initial_state", "bfloat16 or float32", false},
-    {"final_state", "bfloat16 or float32", true},
-    {"cu_seqlens", "int64 or int32", false},
-};
+constexpr ArgSpec spec_of(int i) {
+  return {flashkda::kTensorArguments[i].name, flashkda::kTensorArguments[i].dtype_words,
+          flashkda::kTensorArguments[i].output};
+}
+
+constexpr ArgSpec kArgs[kNumArgs] = {spec_of(0), spec_of(1), spec_of(2), spec_of(3), spec_of(4), spec_of(5),
+                                     spec_of(6), spec_of(7), spec_of(8), spec_of(9), spec_of(10)};
 
 // Where a tensor lives, from its DLPack device.
 struct Place {
@@ -277,17 +285,7 @@ flashkda::Gate to_gate(int gate) {
 
 flashkda::ForwardArgs make_args(const Converted& c, float lower_bound, float scale, int gate, bool check_cu_seqlens) {
   flashkda::ForwardArgs a;
-  a.q = c.tensors[kQ];
-  a.k = c.tensors[kK];
-  a.v = c.tensors[kV];
-  a.g = c.tensors[kG];
-  a.beta = c.tensors[kBeta];
-  a.A_log = c.tensors[kALog];
-  a.dt_bias = c.tensors[kDtBias];
-  a.out = c.tensors[kOut];
-  a.initial_state = c.tensors[kInitialState];
-  a.final_state = c.tensors[kFinalState];
-  a.cu_seqlens = c.tensors[kCuSeqlens];
+  for (int i = 0; i < kNumArgs; ++i) a.*flashkda::kTensorArguments[i].member = c.tensors[i];
   a.lower_bound = lower_bound;
   a.scale = scale;
   a.gate = to_gate(gate);
@@ -476,5 +474,10 @@ NB_MODULE(_ext, m) {
     nb::list names;
     for (const ArgSpec& s : kArgs) names.append(s.name);
     return nb::tuple(names);
+  }();
+  m.attr("ARG_REQUIRED") = [] {  // forward()'s required tensors (fwd also requires out, which forward allocates)
+    nb::list required;
+    for (const flashkda::TensorArgument& arg : flashkda::kTensorArguments) required.append(arg.required);
+    return nb::tuple(required);
   }();
 }

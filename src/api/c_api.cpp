@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "api/arguments.h"
 #include "flashkda/flashkda.h"
 
 namespace {
@@ -20,10 +21,7 @@ flashkda::Tensor to_cpp(const flashkda_tensor& t) {
 
 flashkda::ForwardArgs to_cpp(const flashkda_forward_args& a) {
   flashkda::ForwardArgs r;
-  r.q = to_cpp(a.q), r.k = to_cpp(a.k), r.v = to_cpp(a.v), r.g = to_cpp(a.g);
-  r.beta = to_cpp(a.beta), r.A_log = to_cpp(a.A_log), r.dt_bias = to_cpp(a.dt_bias);
-  r.initial_state = to_cpp(a.initial_state), r.cu_seqlens = to_cpp(a.cu_seqlens);
-  r.out = to_cpp(a.out), r.final_state = to_cpp(a.final_state);
+  for (const flashkda::TensorArgument& arg : flashkda::kTensorArguments) r.*arg.member = to_cpp(a.*arg.c_member);
   r.lower_bound = a.lower_bound;
   r.scale = a.scale;
   r.gate = static_cast<flashkda::Gate>(a.gate);

@@ -1,6 +1,7 @@
 // forward(): validate, find where the tensors live, check cu_seqlens, run the backend.
 #include <utility>
 
+#include "api/arguments.h"
 #include "api/validate.h"
 #include "cpu/cpu_backend.h"
 #include "gpu/gpu_backend.h"
@@ -10,18 +11,14 @@ namespace {
 
 // All given tensors must live in one place: host memory, or one CUDA device (the current one).
 Backend locate_all(const ForwardArgs& a) {
-  const std::pair<const char*, const Tensor*> tensors[] = {
-      {"q", &a.q},           {"k", &a.k},         {"v", &a.v},
-      {"g", &a.g},           {"beta", &a.beta},   {"A_log", &a.A_log},
-      {"dt_bias", &a.dt_bias}, {"out", &a.out},   {"initial_state", &a.initial_state},
-      {"final_state", &a.final_state}, {"cu_seqlens", &a.cu_seqlens}};
   const char* first_name = nullptr;
   gpu::PointerInfo first;
-  for (const auto& [name, t] : tensors) {
-    if (!t->data) continue;  // absent, or given without elements: nothing to locate
-    const gpu::PointerInfo info = gpu::locate(t->data);
+  for (const TensorArgument& arg : kTensorArguments) {
+    const Tensor& t = a.*arg.member;
+    if (!t.data) continue;  // absent, or given without elements: nothing to locate
+    const gpu::PointerInfo info = gpu::locate(t.data);
     if (!first_name) {
-      first_name = name;
+      first_name = arg.name;
       first = info;
       continue;
     }
@@ -29,7 +26,7 @@ Backend locate_all(const ForwardArgs& a) {
       auto where = [](const gpu::PointerInfo& i) {
         return i.on_device ? "CUDA device " + std::to_string(i.device) : std::string("the host");
       };
-      fail(ErrorCode::kInvalidArgument, name, ": is on ", where(info), " but ", first_name, " is on ", where(first),
+      fail(ErrorCode::kInvalidArgument, arg.name, ": is on ", where(info), " but ", first_name, " is on ", where(first),
            "; all tensors must be on the same device");
     }
   }

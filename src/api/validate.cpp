@@ -1,5 +1,7 @@
 #include "api/validate.h"
 
+#include "api/arguments.h"
+
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -24,22 +26,25 @@ std::string dims_string(std::initializer_list<int64_t> dims) {
   return s + "]";
 }
 
-// A required tensor left as a default Tensor (no data, no dimensions) is "missing", not "wrong dtype".
-void check_given(const char* name, const Tensor& t) {
-  if (!t.given()) fail(ErrorCode::kInvalidArgument, name, ": required tensor is missing");
-}
 
 std::string dtype_string(DType t) {
   const std::string name = dtype_name(t);
   return name == "unknown dtype" ? "unknown dtype code " + std::to_string(static_cast<int>(t)) : name;
 }
 
-void check_dtype(const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
-  for (DType d : allowed)
-    if (t.dtype == d) return;
-  std::string expected;
-  for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
-  fail(ErrorCode::kInvalidArgument, name, ": expected dtype ", expected, ", got ", dtype_string(t.dtype));
+// Every argument of the table: a required one left as a default Tensor (no data, no dimensions)
+// is "missing", not "wrong dtype"; a given one has one of its dtypes.
+void check_presence_and_dtypes(const ForwardArgs& a) {
+  for (const TensorArgument& arg : kTensorArguments)
+    if (arg.required && !(a.*arg.member).given()) fail(ErrorCode::kInvalidArgument, arg.name, ": required tensor is missing");
+  for (const TensorArgument& arg : kTensorArguments) {
+    const Tensor& t = a.*arg.member;
+    if (!t.given()) continue;
+    bool allowed = false;
+    for (int i = 0; i < arg.num_dtypes; ++i) allowed |= t.dtype == arg.dtypes[i];
+    if (!allowed)
+      fail(ErrorCode::kInvalidArgument, arg.name, ": expected dtype ", arg.dtype_words, ", got ", dtype_string(t.dtype));
+  }
 }
 
 void check_ndim(const char* name, const Tensor& t, int ndim, const char* layout) {
@@ -85,18 +90,11 @@ void check_head_dim(const char* name, const char* dim, int64_t value) {
          " (other sizes are not supported yet), got ", dim, " = ", value);
 }
 
-// A tensor of one dtype and a known shape: dtype, shape, pointer.
-void check_tensor(const char* name, const Tensor& t, DType dtype, std::initializer_list<int64_t> dims,
-                  const char* layout, uintptr_t alignment) {
-  check_dtype(name, t, {dtype});
+// A tensor of a known shape (its dtype checked already): shape, pointer.
+void check_tensor(const char* name, const Tensor& t, std::initializer_list<int64_t> dims, const char* layout,
+                  uintptr_t alignment) {
   check_shape(name, t, dims, layout);
   check_data(name, t, alignment);
-}
-
-void check_state(const char* name, const Tensor& t, int64_t N, int64_t H, int64_t V, int64_t K) {
-  check_dtype(name, t, {DType::kBF16, DType::kF32});
-  check_shape(name, t, {N, H, V, K}, "[N, H, V, K]");
-  check_data(name, t, kActivationAlignment);
 }
 
 // The bytes [begin, end) a validated tensor spans (empty when it has no data).
@@ -117,18 +115,17 @@ Extent extent_of(const char* name, const Tensor& t) {
 // written). v is not among them: the state pass streams v rows while other blocks of the same
 // head write out.
 void check_overlaps(const ForwardArgs& a) {
-  const Extent outputs[] = {extent_of("out", a.out), extent_of("final_state", a.final_state)};
-  const Extent inputs[] = {extent_of("q", a.q),         extent_of("k", a.k),
-                           extent_of("v", a.v),         extent_of("g", a.g),
-                           extent_of("beta", a.beta),   extent_of("A_log", a.A_log),
-                           extent_of("dt_bias", a.dt_bias), extent_of("initial_state", a.initial_state),
-                           extent_of("cu_seqlens", a.cu_seqlens), outputs[0]};
   const std::pair<std::string_view, std::string_view> exact_aliases[] = {
       {"out", "q"}, {"out", "k"}, {"out", "g"}, {"final_state", "initial_state"}};
-  for (const Extent& o : outputs) {
-    for (const Extent& i : inputs) {
-      if (o.name == i.name || o.begin == o.end || i.begin == i.end) continue;
+  for (const TensorArgument& output : kTensorArguments) {
+    if (!output.output) continue;
+    const Extent o = extent_of(output.name, a.*output.member);
+    for (const TensorArgument& other : kTensorArguments) {
+      const Extent i = extent_of(other.name, a.*other.member);
+      if (&other == &output || o.begin == o.end || i.begin == i.end) continue;
       if (o.begin >= i.end || i.begin >= o.end) continue;
+      // Two outputs meet twice in this loop: report the pair once, at the later one.
+      if (other.output && &other > &output) continue;
       const bool exact = o.begin == i.begin && o.end == i.end;
       bool allowed = false;
       for (const auto& [out_name, in_name] : exact_aliases) allowed |= exact && o.name == out_name && i.name == in_name;
@@ -151,20 +148,15 @@ std::string shape_string(const Tensor& t) {
 }
 
 Problem validate_forward(const ForwardArgs& a) {
-  const std::pair<const char*, const Tensor*> required[] = {{"q", &a.q},       {"k", &a.k},         {"v", &a.v},
-                                                            {"g", &a.g},       {"beta", &a.beta},   {"A_log", &a.A_log},
-                                                            {"dt_bias", &a.dt_bias}, {"out", &a.out}};
-  for (const auto& [name, t] : required) check_given(name, *t);
-  check_dtype("q", a.q, {DType::kBF16});
+  check_presence_and_dtypes(a);
   check_ndim("q", a.q, 4, "[B, T, H, K]");
   const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
   if (H < 1) fail(ErrorCode::kInvalidArgument, "q: expected at least one head (H >= 1), got H = ", H);
   check_head_dim("q", "K", K);
   check_data("q", a.q, kActivationAlignment);
 
-  check_tensor("k", a.k, DType::kBF16, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
+  check_tensor("k", a.k, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
 
-  check_dtype("v", a.v, {DType::kBF16});
   check_ndim("v", a.v, 4, "[B, T, H, V]");
   if (a.v.shape[0] != B || a.v.shape[1] != T || a.v.shape[2] != H)
     fail(ErrorCode::kInvalidArgument, "v: expected shape [", B, ", ", T, ", ", H, ", V] matching q's [B, T, H], got ",
@@ -173,17 +165,16 @@ Problem validate_forward(const ForwardArgs& a) {
   check_head_dim("v", "V", V);
   check_data("v", a.v, kActivationAlignment);
 
-  check_tensor("g", a.g, DType::kBF16, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
-  check_tensor("beta", a.beta, DType::kBF16, {B, T, H}, "[B, T, H]", 2);
+  check_tensor("g", a.g, {B, T, H, K}, "[B, T, H, K] (same as q)", kActivationAlignment);
+  check_tensor("beta", a.beta, {B, T, H}, "[B, T, H]", 2);
 
-  check_tensor("A_log", a.A_log, DType::kF32, {H}, "[H]", 4);
-  check_tensor("dt_bias", a.dt_bias, DType::kF32, {H, K}, "[H, K]", 4);
+  check_tensor("A_log", a.A_log, {H}, "[H]", 4);
+  check_tensor("dt_bias", a.dt_bias, {H, K}, "[H, K]", 4);
 
-  check_tensor("out", a.out, DType::kBF16, {B, T, H, V}, "[B, T, H, V]", kActivationAlignment);
+  check_tensor("out", a.out, {B, T, H, V}, "[B, T, H, V]", kActivationAlignment);
 
   int64_t N = B;
   if (a.cu_seqlens.given()) {
-    check_dtype("cu_seqlens", a.cu_seqlens, {DType::kI64, DType::kI32});
     check_ndim("cu_seqlens", a.cu_seqlens, 1, "[N + 1]");
     if (a.cu_seqlens.shape[0] < 2)
       fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected at least 2 entries [N + 1] for N >= 1 sequences, got ",
@@ -194,9 +185,9 @@ Problem validate_forward(const ForwardArgs& a) {
     N = a.cu_seqlens.shape[0] - 1;
   }
 
-  if (a.initial_state.given()) check_state("initial_state", a.initial_state, N, H, V, K);
+  if (a.initial_state.given()) check_tensor("initial_state", a.initial_state, {N, H, V, K}, "[N, H, V, K]", kActivationAlignment);
   if (a.final_state.given()) {
-    check_state("final_state", a.final_state, N, H, V, K);
+    check_tensor("final_state", a.final_state, {N, H, V, K}, "[N, H, V, K]", kActivationAlignment);
     if (a.initial_state.given() && a.final_state.dtype != a.initial_state.dtype)
       fail(ErrorCode::kInvalidArgument, "final_state: dtype ", dtype_name(a.final_state.dtype),
            " differs from initial_state's ", dtype_name(a.initial_state.dtype),
