@@ -22,6 +22,10 @@ enum class Gate : int32_t {
   kSoftplus = 1,  // a = -exp(A_log) * softplus(g + dt_bias)
 };
 enum class Backend : int32_t { kNone = 0, kCpu = 1, kCuda = 2 };
+// How a state tensor lays out one head's state: V-major [.., V, K] (this library's and
+// flash_kda's) or K-major [.., K, V] (fla's recurrent kernels). Applies to initial_state and
+// final_state alike.
+enum class StateLayout : int32_t { kVK = 0, kKV = 1 };
 
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
@@ -63,10 +67,21 @@ struct ForwardArgs {
   Tensor beta;           // [B, T, H]    bf16, logit (sigmoid inside)
   Tensor A_log;          // [H]          f32
   Tensor dt_bias;        // [H, K]       f32
-  Tensor initial_state;  // [N, H, V, K] bf16 or f32, optional
+  Tensor initial_state;  // [N, H, V, K] bf16 or f32, optional ([P, H, V, K] pool with state_indices)
   Tensor cu_seqlens;     // [N + 1]      i64 or i32, optional (then B == 1)
   Tensor out;            // [B, T, H, V] bf16, written
-  Tensor final_state;    // [N, H, V, K] bf16 or f32, optional, written
+  Tensor final_state;    // [N, H, V, K] bf16 or f32, optional, written ([P, H, V, K] pool with state_indices)
+  // State pools (optional; the CPU backend so far). With state_indices, initial_state and
+  // final_state are pools of slots, [P, H, V, K] (or [P, H, K, V], state_layout), and may be one
+  // buffer (updated in place). Sequence n starts from slot state_indices[n] (zero without an
+  // initial_state) and its final state goes to slot final_state_indices[n], or to the same slot
+  // without final_state_indices. A negative state index marks padding: the sequence is skipped
+  // and nothing is written for it (out rows included); a negative final index: its final state
+  // is not written. Slots not written are left as they were. Two sequences may not write one
+  // slot, nor write a slot another one reads from the same buffer.
+  Tensor state_indices;        // [N] i64 or i32
+  Tensor final_state_indices;  // [N] i64 or i32, needs state_indices
+  StateLayout state_layout = StateLayout::kVK;
   float lower_bound = -5.0f;  // safe gate only, in [-5, 0)
   float scale = 0.0f;         // output scale, usually K^-0.5; must be finite and > 0
   Gate gate = Gate::kSafe;

@@ -13,6 +13,7 @@ extern "C" {
 
 enum { FLASHKDA_BF16 = 0, FLASHKDA_F32 = 1, FLASHKDA_I32 = 2, FLASHKDA_I64 = 3, FLASHKDA_F16 = 4, FLASHKDA_F64 = 5 };
 enum { FLASHKDA_GATE_SAFE = 0, FLASHKDA_GATE_SOFTPLUS = 1 };
+enum { FLASHKDA_STATE_LAYOUT_VK = 0, FLASHKDA_STATE_LAYOUT_KV = 1 };
 enum {
   FLASHKDA_OK = 0,
   FLASHKDA_ERR_INVALID_ARGUMENT = 1,
@@ -38,6 +39,9 @@ typedef struct flashkda_forward_args {
   float scale;
   int32_t gate;          /* FLASHKDA_GATE_* */
   int32_t seqlen_check;  /* 0: validate device cu_seqlens on the host (syncs); 1: device guards only */
+  /* State pools (see ForwardArgs in flashkda.h): optional, zero-initialise when unused. */
+  flashkda_tensor state_indices, final_state_indices;
+  int32_t state_layout;  /* FLASHKDA_STATE_LAYOUT_* */
 } flashkda_forward_args;
 
 int flashkda_forward_workspace_size(const flashkda_forward_args* args, size_t* bytes);

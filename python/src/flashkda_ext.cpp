@@ -44,13 +44,15 @@ using flashkda::ErrorCode;
 // ml_dtypes.bfloat16 come in: NumPy exports that dtype neither through DLPack nor through the
 // buffer protocol).
 enum ArgIndex : int {
-  kQ, kK, kV, kG, kBeta, kALog, kDtBias, kOut, kInitialState, kFinalState, kCuSeqlens, kNumArgs
+  kQ, kK, kV, kG, kBeta, kALog, kDtBias, kOut, kInitialState, kFinalState, kCuSeqlens, kStateIndices,
+  kFinalStateIndices, kNumArgs
 };
 static_assert(kNumArgs == flashkda::kNumTensorArguments, "one index per argument of the table");
 
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == 0 || same_name(a + 1, b + 1)); }
 static_assert(same_name(flashkda::kTensorArguments[kQ].name, "q") && same_name(flashkda::kTensorArguments[kOut].name, "out") &&
-                  same_name(flashkda::kTensorArguments[kCuSeqlens].name, "cu_seqlens"),
+                  same_name(flashkda::kTensorArguments[kCuSeqlens].name, "cu_seqlens") &&
+                  same_name(flashkda::kTensorArguments[kFinalStateIndices].name, "final_state_indices"),
               "ArgIndex follows the table's order");
 
 // What the binding needs of an argument: its name, its dtypes in the validation's words, and
@@ -67,7 +69,8 @@ constexpr ArgSpec spec_of(int i) {
 }
 
 constexpr ArgSpec kArgs[kNumArgs] = {spec_of(0), spec_of(1), spec_of(2), spec_of(3), spec_of(4), spec_of(5),
-                                     spec_of(6), spec_of(7), spec_of(8), spec_of(9), spec_of(10)};
+                                     spec_of(6), spec_of(7), spec_of(8), spec_of(9), spec_of(10), spec_of(11),
+                                     spec_of(12)};
 
 // Where a tensor lives, from its DLPack device.
 struct Place {
@@ -283,13 +286,21 @@ flashkda::Gate to_gate(int gate) {
   return static_cast<flashkda::Gate>(gate);
 }
 
-flashkda::ForwardArgs make_args(const Converted& c, float lower_bound, float scale, int gate, bool check_cu_seqlens) {
+flashkda::StateLayout to_state_layout(int layout) {
+  if (layout != 0 && layout != 1)
+    value_error("state_layout: expected 0 (V-major [.., V, K]) or 1 (K-major [.., K, V]), got " + std::to_string(layout));
+  return static_cast<flashkda::StateLayout>(layout);
+}
+
+flashkda::ForwardArgs make_args(const Converted& c, float lower_bound, float scale, int gate, bool check_cu_seqlens,
+                                int state_layout) {
   flashkda::ForwardArgs a;
   for (int i = 0; i < kNumArgs; ++i) a.*flashkda::kTensorArguments[i].member = c.tensors[i];
   a.lower_bound = lower_bound;
   a.scale = scale;
   a.gate = to_gate(gate);
   a.seqlen_check = check_cu_seqlens ? flashkda::SeqlenCheck::kHost : flashkda::SeqlenCheck::kDeviceGuardsOnly;
+  a.state_layout = to_state_layout(state_layout);
   return a;
 }
 
@@ -303,11 +314,13 @@ flashkda::ForwardArgs make_args(const Converted& c, float lower_bound, float sca
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
              nb::handle dt_bias, nb::handle out, nb::handle initial_state, nb::handle final_state,
              nb::handle cu_seqlens, float lower_bound, float scale, int gate, bool check_cu_seqlens,
-             uintptr_t stream, nb::object workspace_alloc, uint32_t bf16_views) {
+             uintptr_t stream, nb::object workspace_alloc, uint32_t bf16_views, nb::handle state_indices,
+             nb::handle final_state_indices, int state_layout) {
   Converted c;
-  const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens};
+  const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
+                                        state_indices, final_state_indices};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
-  const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, check_cu_seqlens);
+  const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, check_cu_seqlens, state_layout);
 
   if (c.place.cuda && !flashkda::cuda_compiled())
     throw flashkda::Error(ErrorCode::kNoDevice,
@@ -375,10 +388,10 @@ size_t fp64_elements(const char* name, std::initializer_list<size_t> dims) {
 
 nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle A_log,
                          nb::handle dt_bias, nb::handle initial_state, nb::handle cu_seqlens, float lower_bound,
-                         float scale, int gate, uint32_t bf16_views) {
+                         float scale, int gate, uint32_t bf16_views, nb::handle state_indices, int state_layout) {
   Converted c;
   const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, nb::none(), initial_state, nb::none(),
-                                        cu_seqlens};
+                                        cu_seqlens, state_indices, nb::none()};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   if (c.place.cuda) value_error(std::string(c.first) + ": the oracle reads host memory; pass CPU tensors");
 
@@ -392,9 +405,10 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
   const DType state_dtype = c.tensors[kInitialState].given() ? c.tensors[kInitialState].dtype : DType::kF32;
   c.tensors[kOut] = flashkda::make_tensor(tq.data, DType::kBF16, tq.shape[0], tq.shape[1], tq.shape[2], tv.shape[3]);
   c.tensors[kFinalState] = c.tensors[kInitialState];
-  const flashkda::Problem checked = flashkda::validate_forward(make_args(c, lower_bound, scale, gate, true));
+  const flashkda::Problem checked = flashkda::validate_forward(make_args(c, lower_bound, scale, gate, true, state_layout));
   if (checked.cu_seqlens)
     flashkda::validate_sequence_offsets(flashkda::host_sequence_offsets(checked), checked.total_tokens);
+  flashkda::validate_state_slots(checked);  // every index inside the pool the oracle reads
 
   const size_t B = checked.B, T = checked.T, H = checked.H, K = checked.K, V = checked.V, N = checked.N;
   // The oracle ignores out / final_state's dtypes: point both at the fp64 buffers (large enough
@@ -402,8 +416,11 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
   auto out = std::make_unique<double[]>(fp64_elements("out", {B, T, H, V}) + 1);
   auto state = std::make_unique<double[]>(fp64_elements("final_state", {N, H, V, K}) + 1);
   c.tensors[kOut] = flashkda::make_tensor(out.get(), DType::kBF16, B, T, H, V);
+  // A pool of N slots in the state layout (K = V here): the oracle writes its per-sequence
+  // [N, H, V, K] output by sequence, not through the slots.
   c.tensors[kFinalState] = flashkda::make_tensor(state.get(), state_dtype, N, H, V, K);
-  const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, true);
+  c.tensors[kFinalStateIndices] = flashkda::Tensor{};
+  const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, true, state_layout);
   const flashkda::Problem p = flashkda::validate_forward(args);
   {
     nb::gil_scoped_release release;
@@ -452,13 +469,14 @@ NB_MODULE(_ext, m) {
         nb::arg("initial_state").none(),
         nb::arg("final_state").none(), nb::arg("cu_seqlens").none(), nb::arg("lower_bound"), nb::arg("scale"),
         nb::arg("gate"), nb::arg("check_cu_seqlens"), nb::arg("stream"), nb::arg("workspace_alloc").none(),
-        nb::arg("bf16_views"),
+        nb::arg("bf16_views"), nb::arg("state_indices").none() = nb::none(),
+        nb::arg("final_state_indices").none() = nb::none(), nb::arg("state_layout") = 0,
         "Runs flashkda::forward on tensors given through DLPack / the buffer protocol (no copies).");
   m.def("oracle_forward", &oracle_forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("g").none(), nb::arg("beta").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
         nb::arg("initial_state").none(),
         nb::arg("cu_seqlens").none(), nb::arg("lower_bound"), nb::arg("scale"), nb::arg("gate"),
-        nb::arg("bf16_views") = 0,
+        nb::arg("bf16_views") = 0, nb::arg("state_indices").none() = nb::none(), nb::arg("state_layout") = 0,
         "Testing hook: the fp64 per-token oracle on host tensors; returns (out [B, T, H, V], "
         "final_state [N, H, V, K]) as float64 NumPy arrays (final_state starts from initial_state or 0).");
   m.def("check_array", &check_array, nb::arg("index"), nb::arg("array"), nb::arg("bf16_view") = false,

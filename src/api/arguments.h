@@ -43,6 +43,10 @@ inline constexpr TensorArgument kTensorArguments[] = {
      {DType::kBF16, DType::kF32}, 2, "bfloat16 or float32", "[N, H, V, K]"},
     {"cu_seqlens", &ForwardArgs::cu_seqlens, &flashkda_forward_args::cu_seqlens, false, false,
      {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N + 1]"},
+    {"state_indices", &ForwardArgs::state_indices, &flashkda_forward_args::state_indices, false, false,
+     {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N]"},
+    {"final_state_indices", &ForwardArgs::final_state_indices, &flashkda_forward_args::final_state_indices, false,
+     false, {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N]"},
 };
 inline constexpr int kNumTensorArguments = static_cast<int>(std::size(kTensorArguments));
 

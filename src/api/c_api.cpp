@@ -26,6 +26,7 @@ flashkda::ForwardArgs to_cpp(const flashkda_forward_args& a) {
   r.scale = a.scale;
   r.gate = static_cast<flashkda::Gate>(a.gate);
   r.seqlen_check = static_cast<flashkda::SeqlenCheck>(a.seqlen_check);
+  r.state_layout = static_cast<flashkda::StateLayout>(a.state_layout);
   return r;
 }
 

@@ -53,6 +53,12 @@ gpu::PrefillPlan cuda_plan(const Problem& p) {
   if (p.gate != Gate::kSafe)
     fail(ErrorCode::kUnsupported, "gate: the softplus gate is not supported on the CUDA path yet; "
          "use the safe gate, or host tensors for the CPU backend");
+  if (p.state_indices)
+    fail(ErrorCode::kUnsupported, "state_indices: state pools are not supported on the CUDA path yet; "
+         "pass [N, H, V, K] states, or host tensors for the CPU backend");
+  if (p.state_layout != StateLayout::kVK)
+    fail(ErrorCode::kUnsupported, "state_layout: the K-major state layout is not supported on the CUDA path yet; "
+         "pass V-major [N, H, V, K] states, or host tensors for the CPU backend");
   return gpu::plan_prefill(p);
 }
 
@@ -69,6 +75,7 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
   const Problem p = validate_forward(args);
   if (locate_all(args) == Backend::kCpu) {
     if (p.cu_seqlens) validate_sequence_offsets(host_sequence_offsets(p), p.total_tokens);
+    validate_state_slots(p);
     cpu_forward(p);
     return;
   }

@@ -185,9 +185,29 @@ Problem validate_forward(const ForwardArgs& a) {
     N = a.cu_seqlens.shape[0] - 1;
   }
 
-  if (a.initial_state.given()) check_tensor("initial_state", a.initial_state, {N, H, V, K}, "[N, H, V, K]", kActivationAlignment);
+  // States: [N, H, V, K], or pools of any number of slots with state_indices; K-major swaps V, K.
+  if (a.state_layout != StateLayout::kVK && a.state_layout != StateLayout::kKV)
+    fail(ErrorCode::kInvalidArgument, "state_layout: expected kVK (0) or kKV (1), got ", static_cast<int>(a.state_layout));
+  const bool pools = a.state_indices.given(), k_major = a.state_layout == StateLayout::kKV;
+  if (a.final_state_indices.given() && !pools)
+    fail(ErrorCode::kInvalidArgument, "final_state_indices: given without state_indices; pass state_indices [N] too "
+         "(the slots the sequences start from)");
+  if (pools) {
+    check_tensor("state_indices", a.state_indices, {N}, "[N]", dtype_size(a.state_indices.dtype));
+    if (a.final_state_indices.given())
+      check_tensor("final_state_indices", a.final_state_indices, {N}, "[N]", dtype_size(a.final_state_indices.dtype));
+    if (!a.initial_state.given() && !a.final_state.given())
+      fail(ErrorCode::kInvalidArgument, "state_indices: given without initial_state or final_state: there is no pool "
+           "to index");
+  }
+  const char* state_layout = pools ? (k_major ? "[P, H, K, V]" : "[P, H, V, K]") : (k_major ? "[N, H, K, V]" : "[N, H, V, K]");
+  auto check_state = [&](const char* name, const Tensor& t) {
+    const int64_t slots = pools ? (t.ndim == 4 ? t.shape[0] : 0) : N;
+    check_tensor(name, t, {slots, H, k_major ? K : V, k_major ? V : K}, state_layout, kActivationAlignment);
+  };
+  if (a.initial_state.given()) check_state("initial_state", a.initial_state);
   if (a.final_state.given()) {
-    check_tensor("final_state", a.final_state, {N, H, V, K}, "[N, H, V, K]", kActivationAlignment);
+    check_state("final_state", a.final_state);
     if (a.initial_state.given() && a.final_state.dtype != a.initial_state.dtype)
       fail(ErrorCode::kInvalidArgument, "final_state: dtype ", dtype_name(a.final_state.dtype),
            " differs from initial_state's ", dtype_name(a.initial_state.dtype),
@@ -222,6 +242,13 @@ Problem validate_forward(const ForwardArgs& a) {
   p.final_state_dtype = a.final_state.dtype;
   p.cu_seqlens = a.cu_seqlens.data;
   p.cu_seqlens_dtype = a.cu_seqlens.dtype;
+  p.state_layout = a.state_layout;
+  p.state_indices = a.state_indices.data;
+  p.state_indices_dtype = a.state_indices.dtype;
+  p.final_state_indices = a.final_state_indices.data;
+  p.final_state_indices_dtype = a.final_state_indices.dtype;
+  p.initial_slots = a.initial_state.given() ? a.initial_state.shape[0] : 0;
+  p.final_slots = a.final_state.given() ? a.final_state.shape[0] : 0;
   p.out = static_cast<uint16_t*>(a.out.data);
   p.lower_bound = a.lower_bound;
   p.scale = a.scale;
@@ -239,6 +266,40 @@ void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t tota
   if (offsets.back() != total_tokens)
     fail(ErrorCode::kInvalidArgument, "cu_seqlens: expected the last entry cu_seqlens[", offsets.size() - 1,
          "] to equal the number of tokens T = ", total_tokens, ", got ", offsets.back());
+}
+
+void validate_state_slots(const Problem& p) {
+  if (!p.state_indices) return;
+  const StateSlots slots(p);
+  // The sequence that writes each final slot, -1 for none.
+  std::vector<int64_t> writer(static_cast<size_t>(p.final_state ? p.final_slots : 0), -1);
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t s = slots.initial(n);
+    if (s < 0) continue;  // padding
+    if (p.initial_state && s >= p.initial_slots)
+      fail(ErrorCode::kInvalidArgument, "state_indices: state_indices[", n, "] = ", s, " is outside initial_state's pool of ",
+           p.initial_slots, " slots");
+    if (!p.final_state) continue;
+    const int64_t f = slots.final(n);
+    if (f < 0) continue;  // not written
+    const char* name = p.final_state_indices ? "final_state_indices" : "state_indices";
+    if (f >= p.final_slots)
+      fail(ErrorCode::kInvalidArgument, name, ": ", name, "[", n, "] = ", f, " is outside final_state's pool of ",
+           p.final_slots, " slots");
+    if (writer[f] >= 0)
+      fail(ErrorCode::kInvalidArgument, name, ": sequences ", writer[f], " and ", n, " both write slot ", f,
+           "; each slot may take one final state a call");
+    writer[f] = n;
+  }
+  // One buffer for both pools: a slot written by one sequence may not be another's start.
+  if (!p.initial_state || p.initial_state != p.final_state) return;
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t s = slots.initial(n);
+    if (s >= 0 && s < p.final_slots && writer[s] >= 0 && writer[s] != n)
+      fail(ErrorCode::kInvalidArgument, "final_state_indices: sequence ", writer[s], " writes slot ", s,
+           ", which sequence ", n, " starts from in the same buffer: the result would depend on the order; "
+           "write to other slots, or use separate pools");
+  }
 }
 
 }  // namespace flashkda

@@ -29,4 +29,8 @@ Problem validate_forward(const ForwardArgs& args);
 // non-decreasing, end at total_tokens.
 void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t total_tokens);
 
+// Checks host-readable state indices: every slot inside its pool, no slot written twice, and no
+// slot written by one sequence and read by another from the same buffer.
+void validate_state_slots(const Problem& p);
+
 }  // namespace flashkda

@@ -26,6 +26,13 @@ struct Problem {
   DType final_state_dtype = DType::kF32;
   const void* cu_seqlens = nullptr;     // [N + 1], optional; absent: sequence n = rows [n*T, (n+1)*T)
   DType cu_seqlens_dtype = DType::kI64;
+  // States: [slots, H, V, K] (or [slots, H, K, V], state_layout); slots = N without indices.
+  StateLayout state_layout = StateLayout::kVK;
+  const void* state_indices = nullptr;        // [N], optional: the states are pools
+  DType state_indices_dtype = DType::kI64;
+  const void* final_state_indices = nullptr;  // [N], optional
+  DType final_state_indices_dtype = DType::kI64;
+  int64_t initial_slots = 0, final_slots = 0;  // slots of initial_state / final_state (0 when absent)
   uint16_t* out = nullptr;         // [B*T, H, V] bf16 bits
   float lower_bound = -5.0f;
   float scale = 1.0f;
@@ -35,5 +42,27 @@ struct Problem {
 // Token offsets of the N sequences, N + 1 entries, for a problem whose cu_seqlens (if any) is
 // readable from the host.
 std::vector<int64_t> host_sequence_offsets(const Problem& p);
+
+// Where each sequence's states live, for a problem whose state indices (if any) are readable from
+// the host (common/state_slots.cpp): every backend reads and writes states through this.
+struct StateSlots {
+  explicit StateSlots(const Problem& p);
+  // The slot sequence n starts from (n without indices); negative: padding, skip the sequence.
+  int64_t initial(int64_t n) const;
+  // The slot its final state goes to (final_state_indices, else initial(n)); negative: none.
+  int64_t final(int64_t n) const;
+  // Element (v, k) of head h of slot `slot` in a state tensor.
+  int64_t element(int64_t slot, int64_t h, int64_t v, int64_t k) const {
+    const int64_t base = (slot * H + h) * V * K;
+    return layout == StateLayout::kVK ? base + v * K + k : base + k * V + v;
+  }
+
+  int64_t H, K, V;
+  StateLayout layout;
+  const void* indices;
+  DType indices_dtype;
+  const void* final_indices;
+  DType final_indices_dtype;
+};
 
 }  // namespace flashkda

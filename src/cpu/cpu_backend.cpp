@@ -194,18 +194,20 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
   const float scale = p.scale;
   float* __restrict St = s.St.data();
 
-  // Initial state, transposed to key-major.
-  const int64_t state_base = (n * H + h) * int64_t(V) * K;
+  // Initial state (its slot, in either layout), as key-major St [K][V].
+  const StateSlots slots(p);
+  const int64_t slot = slots.initial(n);
+  if (slot < 0) return;  // padding: nothing is written for this sequence
   if (p.initial_state == nullptr) {
     std::fill(s.St.begin(), s.St.end(), 0.0f);
   } else if (p.initial_state_dtype == DType::kBF16) {
-    const uint16_t* src = static_cast<const uint16_t*>(p.initial_state) + state_base;
+    const uint16_t* src = static_cast<const uint16_t*>(p.initial_state);
     for (int j = 0; j < V; ++j)
-      for (int i = 0; i < K; ++i) St[i * V + j] = bf16_to_float(src[j * K + i]);
+      for (int i = 0; i < K; ++i) St[i * V + j] = bf16_to_float(src[slots.element(slot, h, j, i)]);
   } else {
-    const float* src = static_cast<const float*>(p.initial_state) + state_base;
+    const float* src = static_cast<const float*>(p.initial_state);
     for (int j = 0; j < V; ++j)
-      for (int i = 0; i < K; ++i) St[i * V + j] = src[j * K + i];
+      for (int i = 0; i < K; ++i) St[i * V + j] = src[slots.element(slot, h, j, i)];
   }
 
   const float exp_A = std::exp(p.A_log[h]);
@@ -361,16 +363,17 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
     }
   }
 
-  // Final state, transposed back to V-major.
-  if (p.final_state != nullptr) {
+  // Final state, to its slot in the tensor's layout.
+  const int64_t final_slot = slots.final(n);
+  if (p.final_state != nullptr && final_slot >= 0) {
     if (p.final_state_dtype == DType::kBF16) {
-      uint16_t* dst = static_cast<uint16_t*>(p.final_state) + state_base;
+      uint16_t* dst = static_cast<uint16_t*>(p.final_state);
       for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[j * K + i] = float_to_bf16(St[i * V + j]);
+        for (int i = 0; i < K; ++i) dst[slots.element(final_slot, h, j, i)] = float_to_bf16(St[i * V + j]);
     } else {
-      float* dst = static_cast<float*>(p.final_state) + state_base;
+      float* dst = static_cast<float*>(p.final_state);
       for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[j * K + i] = St[i * V + j];
+        for (int i = 0; i < K; ++i) dst[slots.element(final_slot, h, j, i)] = St[i * V + j];
     }
   }
 }

@@ -39,12 +39,20 @@ void parallel_for(int64_t count, const Fn& fn) {
   for (auto& t : threads) t.join();
 }
 
-// Element `idx` of the initial state as a double (0 when there is none).
-double initial_state_at(const Problem& p, int64_t idx) {
-  if (p.initial_state == nullptr) return 0.0;
-  if (p.initial_state_dtype == DType::kBF16)
-    return bf16_to_float(static_cast<const uint16_t*>(p.initial_state)[idx]);
-  return static_cast<const float*>(p.initial_state)[idx];
+// The initial state of sequence n, head h, as S[j * K + i] = S_{i j} (key i, value j) in double
+// (zeros when there is none), from its slot in either layout.
+void load_initial_state(const Problem& p, const StateSlots& slots, int64_t slot, int64_t h, std::vector<double>& S) {
+  const int64_t K = p.K, V = p.V;
+  for (int64_t j = 0; j < V; ++j)
+    for (int64_t i = 0; i < K; ++i) {
+      double x = 0.0;
+      if (p.initial_state) {
+        const int64_t e = slots.element(slot, h, j, i);
+        x = p.initial_state_dtype == DType::kBF16 ? bf16_to_float(static_cast<const uint16_t*>(p.initial_state)[e])
+                                                  : static_cast<const float*>(p.initial_state)[e];
+      }
+      S[static_cast<size_t>(j * K + i)] = x;
+    }
 }
 
 // x / sqrt(sum(x^2) + 1e-6) of one bf16 row of length n, in double.
@@ -83,15 +91,18 @@ struct TokenInputs {
 
 void oracle_forward(const Problem& p, double* out, double* final_state) {
   const std::vector<int64_t> offsets = host_sequence_offsets(p);
+  const StateSlots slots(p);
   const int64_t H = p.H, K = p.K, V = p.V;
   const double scale = p.scale;
 
   parallel_for(p.N * H, [&](int64_t pair) {
     const int64_t n = pair / H, h = pair % H;
-    const int64_t state_base = (n * H + h) * V * K;
+    const int64_t slot = slots.initial(n);
+    if (slot < 0) return;  // padding: skipped, nothing written
+    const int64_t state_base = (n * H + h) * V * K;  // in the [N, H, V, K] final_state output
     // S is stored transposed, as in memory: S[j * K + i] = S_{i j}, key i, value j.
     std::vector<double> S(static_cast<size_t>(V * K));
-    for (int64_t e = 0; e < V * K; ++e) S[e] = initial_state_at(p, state_base + e);
+    load_initial_state(p, slots, slot, h, S);
 
     TokenInputs x(K, V);
     std::vector<double> decay(K);
@@ -120,15 +131,18 @@ void oracle_forward(const Problem& p, double* out, double* final_state) {
 
 void oracle_forward_chunked(const Problem& p, int chunk, double* out, double* final_state) {
   const std::vector<int64_t> offsets = host_sequence_offsets(p);
+  const StateSlots slots(p);
   const int64_t H = p.H, K = p.K, V = p.V;
   const int64_t C = std::max(1, chunk);
   const double scale = p.scale;
 
   parallel_for(p.N * H, [&](int64_t pair) {
     const int64_t n = pair / H, h = pair % H;
-    const int64_t state_base = (n * H + h) * V * K;
+    const int64_t slot = slots.initial(n);
+    if (slot < 0) return;  // padding: skipped, nothing written
+    const int64_t state_base = (n * H + h) * V * K;  // in the [N, H, V, K] final_state output
     std::vector<double> S(static_cast<size_t>(V * K));  // S[j * K + i] = S_{i j}
-    for (int64_t e = 0; e < V * K; ++e) S[e] = initial_state_at(p, state_base + e);
+    load_initial_state(p, slots, slot, h, S);
 
     // Per-chunk arrays, row i = position i inside the chunk.
     std::vector<double> q(C * K), k(C * K), G(C * K), vv(C * V), beta(C);

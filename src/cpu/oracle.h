@@ -7,8 +7,10 @@
 
 namespace flashkda {
 
-// out: [B*T, H, V] doubles. final_state: [N, H, V, K] doubles, or nullptr.
-// Reads p's inputs (host pointers) and ignores p.out / p.final_state.
+// out: [B*T, H, V] doubles. final_state: [N, H, V, K] doubles (one per sequence, V-major,
+// whatever p's state pools and layout), or nullptr. Reads p's inputs (host pointers; the initial
+// state from each sequence's slot) and ignores p.out / p.final_state. Padding sequences (negative
+// state index) are skipped: their rows of out and final_state are not written.
 void oracle_forward(const Problem& p, double* out, double* final_state);
 
 // The chunked form (chunk = C tokens). Same outputs as oracle_forward up to fp64 rounding.

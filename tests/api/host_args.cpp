@@ -1,5 +1,7 @@
 #include "host_args.h"
 
+#include "api/arguments.h"
+
 #include <cstring>
 
 #include "common/bf16.h"
@@ -135,14 +137,12 @@ flashkda_tensor to_c(const Tensor& t) {
 
 flashkda_forward_args to_c(const ForwardArgs& a) {
   flashkda_forward_args c{};
-  c.q = to_c(a.q), c.k = to_c(a.k), c.v = to_c(a.v), c.g = to_c(a.g), c.beta = to_c(a.beta);
-  c.A_log = to_c(a.A_log), c.dt_bias = to_c(a.dt_bias);
-  c.initial_state = to_c(a.initial_state), c.cu_seqlens = to_c(a.cu_seqlens);
-  c.out = to_c(a.out), c.final_state = to_c(a.final_state);
+  for (const TensorArgument& arg : kTensorArguments) c.*arg.c_member = to_c(a.*arg.member);
   c.lower_bound = a.lower_bound;
   c.scale = a.scale;
   c.gate = static_cast<int32_t>(a.gate);
   c.seqlen_check = static_cast<int32_t>(a.seqlen_check);
+  c.state_layout = static_cast<int32_t>(a.state_layout);
   return c;
 }
 

@@ -132,5 +132,29 @@ TEST_F(BadInput, ExactAliasesGiveTheSeparateResult) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// State pools: index values are checked before anything runs (through the C ABI too).
+
+TEST_F(BadInput, StateIndexOutsideThePoolRefused) {
+  const int64_t idx[] = {0, 5};
+  a.state_indices = make_tensor(idx, DType::kI64, 2);
+  EXPECT_REFUSED(p, a, kInvalid, HasSubstr("state_indices: state_indices[1] = 5"),
+                 HasSubstr("outside initial_state's pool of 2 slots"));
+}
+
+TEST_F(BadInput, StateIndicesOfAnotherDtypeRefused) {
+  const float idx[] = {0, 1};
+  a.state_indices = make_tensor(idx, DType::kF32, 2);
+  EXPECT_REFUSED(p, a, kInvalid, HasSubstr("state_indices: expected dtype int64 or int32, got float32"));
+}
+
+TEST_F(BadInput, PoolsInPlaceThroughTheCAbi) {
+  const int32_t idx[] = {1, 0};  // the two sequences swap slots, in place: each reads its own
+  a.state_indices = make_tensor(idx, DType::kI32, 2);
+  a.final_state = a.initial_state;
+  const flashkda_forward_args c = to_c(a);
+  EXPECT_EQ(flashkda_forward(&c, nullptr, 0, nullptr), FLASHKDA_OK) << flashkda_last_error();
+}
+
 }  // namespace
 }  // namespace flashkda::api_test

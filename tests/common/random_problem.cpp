@@ -330,3 +330,34 @@ void set_input_value(RandomProblem& rp, Input which, int64_t token, int64_t head
 }
 
 }  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+ForwardArgs to_forward_args(const Problem& p) {
+  ForwardArgs a;
+  a.q = make_tensor(p.q, DType::kBF16, p.B, p.T, p.H, p.K);
+  a.k = make_tensor(p.k, DType::kBF16, p.B, p.T, p.H, p.K);
+  a.v = make_tensor(p.v, DType::kBF16, p.B, p.T, p.H, p.V);
+  a.g = make_tensor(p.g, DType::kBF16, p.B, p.T, p.H, p.K);
+  a.beta = make_tensor(p.beta, DType::kBF16, p.B, p.T, p.H);
+  a.A_log = make_tensor(p.A_log, DType::kF32, p.H);
+  a.dt_bias = make_tensor(p.dt_bias, DType::kF32, p.H, p.K);
+  a.out = make_tensor(p.out, DType::kBF16, p.B, p.T, p.H, p.V);
+  const bool k_major = p.state_layout == StateLayout::kKV;
+  const int64_t d1 = k_major ? p.K : p.V, d2 = k_major ? p.V : p.K;
+  const int64_t initial_slots = p.state_indices ? p.initial_slots : p.N;
+  const int64_t final_slots = p.state_indices ? p.final_slots : p.N;
+  if (p.initial_state) a.initial_state = make_tensor(p.initial_state, p.initial_state_dtype, initial_slots, p.H, d1, d2);
+  if (p.final_state) a.final_state = make_tensor(p.final_state, p.final_state_dtype, final_slots, p.H, d1, d2);
+  if (p.cu_seqlens) a.cu_seqlens = make_tensor(p.cu_seqlens, p.cu_seqlens_dtype, p.N + 1);
+  if (p.state_indices) a.state_indices = make_tensor(p.state_indices, p.state_indices_dtype, p.N);
+  if (p.final_state_indices)
+    a.final_state_indices = make_tensor(p.final_state_indices, p.final_state_indices_dtype, p.N);
+  a.state_layout = p.state_layout;
+  a.lower_bound = p.lower_bound;
+  a.scale = p.scale;
+  a.gate = p.gate;
+  return a;
+}
+
+}  // namespace flashkda::testing

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/problem.h"
+#include "flashkda/flashkda.h"
 
 namespace flashkda::testing {
 
@@ -119,5 +120,13 @@ const char* input_name(Input which);
 // (head, channel) of dt_bias; element `channel` of sequence `token`, head `head` of the initial
 // state (which the problem must have).
 void set_input_value(RandomProblem& rp, Input which, int64_t token, int64_t head, int64_t channel, float value);
+
+}  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+// The public-API arguments describing problem `p` (host or device pointers alike; state pools and
+// the state layout included).
+ForwardArgs to_forward_args(const Problem& p);
 
 }  // namespace flashkda::testing

@@ -20,25 +20,6 @@ void check_cuda(int err, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-ForwardArgs to_forward_args(const Problem& p) {
-  ForwardArgs a;
-  a.q = make_tensor(p.q, DType::kBF16, p.B, p.T, p.H, p.K);
-  a.k = make_tensor(p.k, DType::kBF16, p.B, p.T, p.H, p.K);
-  a.v = make_tensor(p.v, DType::kBF16, p.B, p.T, p.H, p.V);
-  a.g = make_tensor(p.g, DType::kBF16, p.B, p.T, p.H, p.K);
-  a.beta = make_tensor(p.beta, DType::kBF16, p.B, p.T, p.H);
-  a.A_log = make_tensor(p.A_log, DType::kF32, p.H);
-  a.dt_bias = make_tensor(p.dt_bias, DType::kF32, p.H, p.K);
-  a.out = make_tensor(p.out, DType::kBF16, p.B, p.T, p.H, p.V);
-  if (p.initial_state) a.initial_state = make_tensor(p.initial_state, p.initial_state_dtype, p.N, p.H, p.V, p.K);
-  if (p.final_state) a.final_state = make_tensor(p.final_state, p.final_state_dtype, p.N, p.H, p.V, p.K);
-  if (p.cu_seqlens) a.cu_seqlens = make_tensor(p.cu_seqlens, p.cu_seqlens_dtype, p.N + 1);
-  a.lower_bound = p.lower_bound;
-  a.scale = p.scale;
-  a.gate = p.gate;
-  return a;
-}
-
 DeviceProblem::DeviceProblem(const RandomProblem& host) {
   const Problem& h = host.problem();
   p_ = h;

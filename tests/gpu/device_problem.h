@@ -11,9 +11,6 @@
 
 namespace flashkda::testing {
 
-// The public-API arguments describing problem `p` (host or device pointers alike).
-ForwardArgs to_forward_args(const Problem& p);
-
 class DeviceProblem {
  public:
   explicit DeviceProblem(const RandomProblem& host);

@@ -486,6 +486,26 @@ TEST_F(GpuPrefill, SoftplusGateRefused) {
   EXPECT_THAT(msg, ::testing::HasSubstr("softplus"));
 }
 
+// State pools and the K-major layout run on the CPU backend so far: the CUDA path says so.
+TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
+  RandomProblem host(packed({10, 7}, 1, 26));
+  DeviceProblem dev(host);
+  ForwardArgs a = dev.args();
+  std::string msg;
+  int64_t* idx = nullptr;
+  const int64_t host_idx[] = {1, 0};
+  check_cuda(cudaMalloc(&idx, sizeof host_idx), "indices");
+  check_cuda(cudaMemcpy(idx, host_idx, sizeof host_idx, cudaMemcpyHostToDevice), "indices");
+  a.state_indices = make_tensor(idx, DType::kI64, 2);
+  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("state_indices: state pools are not supported on the CUDA path yet"));
+  a = dev.args();
+  a.state_layout = StateLayout::kKV;
+  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the K-major state layout is not supported"));
+  cudaFree(idx);
+}
+
 TEST_F(GpuPrefill, BadDeviceCuSeqlensRefused) {
   for (const std::vector<int64_t>& cu : {std::vector<int64_t>{0, 30, 20, 40}, std::vector<int64_t>{0, 10, 20, 39},
                                          std::vector<int64_t>{1, 10, 20, 40}}) {

@@ -1,0 +1,28 @@
+#include "common/problem.h"
+
+namespace flashkda {
+namespace {
+
+int64_t index_at(const void* indices, DType dtype, int64_t n) {
+  return dtype == DType::kI32 ? static_cast<const int32_t*>(indices)[n] : static_cast<const int64_t*>(indices)[n];
+}
+
+}  // namespace
+
+StateSlots::StateSlots(const Problem& p)
+    : H(p.H),
+      K(p.K),
+      V(p.V),
+      layout(p.state_layout),
+      indices(p.state_indices),
+      indices_dtype(p.state_indices_dtype),
+      final_indices(p.final_state_indices),
+      final_indices_dtype(p.final_state_indices_dtype) {}
+
+int64_t StateSlots::initial(int64_t n) const { return indices ? index_at(indices, indices_dtype, n) : n; }
+
+int64_t StateSlots::final(int64_t n) const {
+  return final_indices ? index_at(final_indices, final_indices_dtype, n) : initial(n);
+}
+
+}  // namespace flashkda
