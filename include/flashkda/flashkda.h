@@ -27,6 +27,8 @@ enum class Backend : int32_t { kNone = 0, kCpu = 1, kCuda = 2 };
 // final_state alike.
 enum class StateLayout : int32_t { kVK = 0, kKV = 1 };
 
+constexpr int kMaxDims = 5;  // the most dimensions a tensor argument has (checkpoint_state)
+
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
@@ -37,7 +39,7 @@ struct Tensor {
   void* data = nullptr;
   DType dtype = DType::kBF16;
   int32_t ndim = 0;
-  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t shape[5] = {0, 0, 0, 0, 0};  // up to kMaxDims
 
   bool given() const { return data != nullptr || ndim > 0; }
   int64_t numel() const;
@@ -48,6 +50,7 @@ Tensor make_tensor(const void* data, DType dtype, int64_t d0);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4);
 
 // How forward() checks cu_seqlens that live on the device.
 enum class SeqlenCheck : int32_t {
@@ -82,6 +85,13 @@ struct ForwardArgs {
   Tensor state_indices;        // [N] i64 or i32
   Tensor final_state_indices;  // [N] i64 or i32, needs state_indices
   StateLayout state_layout = StateLayout::kVK;
+  // Prefix checkpoints (optional, together; the CPU backend so far): the state of sequence n after
+  // its first checkpoint_offsets[n, c] tokens goes to checkpoint_state[n, c], equal to the final
+  // state of a prefill of those tokens from the same initial state. Offsets are multiples of 16,
+  // at most the sequence's length, non-decreasing along c; a negative offset is an unused entry
+  // (its checkpoint is not written). Written on the way, in the state layout.
+  Tensor checkpoint_offsets;   // [N, C] i64 or i32
+  Tensor checkpoint_state;     // [N, C, H, V, K] f32, written
   float lower_bound = -5.0f;  // safe gate only, in [-5, 0)
   float scale = 0.0f;         // output scale, usually K^-0.5; must be finite and > 0
   Gate gate = Gate::kSafe;

@@ -29,7 +29,7 @@ typedef struct flashkda_tensor {
   void* data;
   int32_t dtype;
   int32_t ndim;
-  int64_t shape[4];
+  int64_t shape[5];
 } flashkda_tensor;
 
 typedef struct flashkda_forward_args {
@@ -42,6 +42,8 @@ typedef struct flashkda_forward_args {
   /* State pools (see ForwardArgs in flashkda.h): optional, zero-initialise when unused. */
   flashkda_tensor state_indices, final_state_indices;
   int32_t state_layout;  /* FLASHKDA_STATE_LAYOUT_* */
+  /* Prefix checkpoints (see ForwardArgs): optional, zero-initialise when unused. */
+  flashkda_tensor checkpoint_offsets, checkpoint_state;
 } flashkda_forward_args;
 
 int flashkda_forward_workspace_size(const flashkda_forward_args* args, size_t* bytes);

@@ -45,14 +45,15 @@ using flashkda::ErrorCode;
 // buffer protocol).
 enum ArgIndex : int {
   kQ, kK, kV, kG, kBeta, kALog, kDtBias, kOut, kInitialState, kFinalState, kCuSeqlens, kStateIndices,
-  kFinalStateIndices, kNumArgs
+  kFinalStateIndices, kCheckpointOffsets, kCheckpointState, kNumArgs
 };
 static_assert(kNumArgs == flashkda::kNumTensorArguments, "one index per argument of the table");
 
 constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a == 0 || same_name(a + 1, b + 1)); }
 static_assert(same_name(flashkda::kTensorArguments[kQ].name, "q") && same_name(flashkda::kTensorArguments[kOut].name, "out") &&
                   same_name(flashkda::kTensorArguments[kCuSeqlens].name, "cu_seqlens") &&
-                  same_name(flashkda::kTensorArguments[kFinalStateIndices].name, "final_state_indices"),
+                  same_name(flashkda::kTensorArguments[kFinalStateIndices].name, "final_state_indices") &&
+                  same_name(flashkda::kTensorArguments[kCheckpointState].name, "checkpoint_state"),
               "ArgIndex follows the table's order");
 
 // What the binding needs of an argument: its name, its dtypes in the validation's words, and
@@ -70,7 +71,7 @@ constexpr ArgSpec spec_of(int i) {
 
 constexpr ArgSpec kArgs[kNumArgs] = {spec_of(0), spec_of(1), spec_of(2), spec_of(3), spec_of(4), spec_of(5),
                                      spec_of(6), spec_of(7), spec_of(8), spec_of(9), spec_of(10), spec_of(11),
-                                     spec_of(12)};
+                                     spec_of(12), spec_of(13), spec_of(14)};
 
 // Where a tensor lives, from its DLPack device.
 struct Place {
@@ -237,8 +238,8 @@ void convert(Converted& c, int i, nb::handle h, uint32_t bf16_views) {
   const ArgSpec& spec = kArgs[i];
   const bool bf16_view = (bf16_views >> i) & 1u;
   nb::ndarray<> a = import_array(spec, h, bf16_view);
-  if (a.ndim() > 4)
-    value_error(std::string(spec.name) + ": expected at most 4 dimensions, got " + std::to_string(a.ndim()) +
+  if (a.ndim() > static_cast<size_t>(flashkda::kMaxDims))
+    value_error(std::string(spec.name) + ": expected at most " + std::to_string(flashkda::kMaxDims) + " dimensions, got " + std::to_string(a.ndim()) +
                 " with shape " + shape_str(a));
   // Dense, row-major: the C++ API takes no strides.
   if (a.size() > 1) {
@@ -315,10 +316,11 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle dt_bias, nb::handle out, nb::handle initial_state, nb::handle final_state,
              nb::handle cu_seqlens, float lower_bound, float scale, int gate, bool check_cu_seqlens,
              uintptr_t stream, nb::object workspace_alloc, uint32_t bf16_views, nb::handle state_indices,
-             nb::handle final_state_indices, int state_layout) {
+             nb::handle final_state_indices, int state_layout, nb::handle checkpoint_offsets,
+             nb::handle checkpoint_state) {
   Converted c;
   const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-                                        state_indices, final_state_indices};
+                                        state_indices, final_state_indices, checkpoint_offsets, checkpoint_state};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, check_cu_seqlens, state_layout);
 
@@ -391,7 +393,7 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          float scale, int gate, uint32_t bf16_views, nb::handle state_indices, int state_layout) {
   Converted c;
   const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, nb::none(), initial_state, nb::none(),
-                                        cu_seqlens, state_indices, nb::none()};
+                                        cu_seqlens, state_indices, nb::none(), nb::none(), nb::none()};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   if (c.place.cuda) value_error(std::string(c.first) + ": the oracle reads host memory; pass CPU tensors");
 
@@ -471,6 +473,7 @@ NB_MODULE(_ext, m) {
         nb::arg("gate"), nb::arg("check_cu_seqlens"), nb::arg("stream"), nb::arg("workspace_alloc").none(),
         nb::arg("bf16_views"), nb::arg("state_indices").none() = nb::none(),
         nb::arg("final_state_indices").none() = nb::none(), nb::arg("state_layout") = 0,
+        nb::arg("checkpoint_offsets").none() = nb::none(), nb::arg("checkpoint_state").none() = nb::none(),
         "Runs flashkda::forward on tensors given through DLPack / the buffer protocol (no copies).");
   m.def("oracle_forward", &oracle_forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("g").none(), nb::arg("beta").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),

@@ -47,6 +47,10 @@ inline constexpr TensorArgument kTensorArguments[] = {
      {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N]"},
     {"final_state_indices", &ForwardArgs::final_state_indices, &flashkda_forward_args::final_state_indices, false,
      false, {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N]"},
+    {"checkpoint_offsets", &ForwardArgs::checkpoint_offsets, &flashkda_forward_args::checkpoint_offsets, false,
+     false, {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N, C]"},
+    {"checkpoint_state", &ForwardArgs::checkpoint_state, &flashkda_forward_args::checkpoint_state, false, true,
+     {DType::kF32}, 1, "float32", "[N, C, H, V, K]"},
 };
 inline constexpr int kNumTensorArguments = static_cast<int>(std::size(kTensorArguments));
 

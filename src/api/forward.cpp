@@ -56,6 +56,9 @@ gpu::PrefillPlan cuda_plan(const Problem& p) {
   if (p.state_indices)
     fail(ErrorCode::kUnsupported, "state_indices: state pools are not supported on the CUDA path yet; "
          "pass [N, H, V, K] states, or host tensors for the CPU backend");
+  if (p.checkpoint_offsets)
+    fail(ErrorCode::kUnsupported, "checkpoint_offsets: prefix checkpoints are not supported on the CUDA path yet; "
+         "pass host tensors for the CPU backend");
   if (p.state_layout != StateLayout::kVK)
     fail(ErrorCode::kUnsupported, "state_layout: the K-major state layout is not supported on the CUDA path yet; "
          "pass V-major [N, H, V, K] states, or host tensors for the CPU backend");
@@ -74,8 +77,10 @@ size_t forward_workspace_size(const ForwardArgs& args) {
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const Problem p = validate_forward(args);
   if (locate_all(args) == Backend::kCpu) {
-    if (p.cu_seqlens) validate_sequence_offsets(host_sequence_offsets(p), p.total_tokens);
+    const std::vector<int64_t> offsets = host_sequence_offsets(p);
+    if (p.cu_seqlens) validate_sequence_offsets(offsets, p.total_tokens);
     validate_state_slots(p);
+    validate_checkpoint_offsets(p, offsets);
     cpu_forward(p);
     return;
   }

@@ -28,7 +28,7 @@ size_t dtype_size(DType t) {
 
 int64_t Tensor::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) n *= shape[i];
   return n;
 }
 
@@ -56,6 +56,10 @@ Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
   const int64_t d[] = {d0, d1, d2, d3};
   return make(data, dtype, 4, d);
+}
+Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4) {
+  const int64_t d[] = {d0, d1, d2, d3, d4};
+  return make(data, dtype, 5, d);
 }
 
 }  // namespace flashkda

@@ -143,7 +143,7 @@ void check_overlaps(const ForwardArgs& a) {
 
 std::string shape_string(const Tensor& t) {
   std::string s = "[";
-  for (int i = 0; i < t.ndim && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (int i = 0; i < t.ndim && i < kMaxDims; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + "]";
 }
 
@@ -214,6 +214,21 @@ Problem validate_forward(const ForwardArgs& a) {
            "; give both states the same dtype");
   }
 
+  // Checkpoints: offsets [N, C] and the states [N, C, H, V, K] (in the state layout) come together.
+  if (a.checkpoint_offsets.given() != a.checkpoint_state.given())
+    fail(ErrorCode::kInvalidArgument, a.checkpoint_offsets.given() ? "checkpoint_offsets: given without checkpoint_state"
+                                                                   : "checkpoint_state: given without checkpoint_offsets",
+         "; pass both (the offsets [N, C] and the states [N, C, H, V, K] they fill)");
+  int64_t checkpoints = 0;
+  if (a.checkpoint_offsets.given()) {
+    check_ndim("checkpoint_offsets", a.checkpoint_offsets, 2, "[N, C]");
+    checkpoints = a.checkpoint_offsets.shape[1];
+    check_tensor("checkpoint_offsets", a.checkpoint_offsets, {N, checkpoints}, "[N, C]",
+                 dtype_size(a.checkpoint_offsets.dtype));
+    check_tensor("checkpoint_state", a.checkpoint_state, {N, checkpoints, H, k_major ? K : V, k_major ? V : K},
+                 k_major ? "[N, C, H, K, V]" : "[N, C, H, V, K]", kActivationAlignment);
+  }
+
   if (a.gate != Gate::kSafe && a.gate != Gate::kSoftplus)
     fail(ErrorCode::kInvalidArgument, "gate: expected safe (0) or softplus (1), got ", static_cast<int>(a.gate));
   if (a.gate == Gate::kSafe && !(a.lower_bound >= -5.0f && a.lower_bound < 0.0f))
@@ -248,6 +263,10 @@ Problem validate_forward(const ForwardArgs& a) {
   p.final_state_indices = a.final_state_indices.data;
   p.final_state_indices_dtype = a.final_state_indices.dtype;
   p.initial_slots = a.initial_state.given() ? a.initial_state.shape[0] : 0;
+  p.checkpoint_offsets = a.checkpoint_offsets.data;
+  p.checkpoint_offsets_dtype = a.checkpoint_offsets.dtype;
+  p.checkpoint_state = static_cast<float*>(a.checkpoint_state.data);
+  p.checkpoints = checkpoints;
   p.final_slots = a.final_state.given() ? a.final_state.shape[0] : 0;
   p.out = static_cast<uint16_t*>(a.out.data);
   p.lower_bound = a.lower_bound;
@@ -299,6 +318,28 @@ void validate_state_slots(const Problem& p) {
       fail(ErrorCode::kInvalidArgument, "final_state_indices: sequence ", writer[s], " writes slot ", s,
            ", which sequence ", n, " starts from in the same buffer: the result would depend on the order; "
            "write to other slots, or use separate pools");
+  }
+}
+
+void validate_checkpoint_offsets(const Problem& p, const std::vector<int64_t>& offsets) {
+  if (!p.checkpoint_offsets) return;
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t length = offsets[n + 1] - offsets[n];
+    int64_t previous = -1, previous_c = -1;
+    for (int64_t c = 0; c < p.checkpoints; ++c) {
+      const int64_t t = host_checkpoint_offset(p, n, c);
+      if (t < 0) continue;  // an unused entry
+      if (t % 16 != 0)
+        fail(ErrorCode::kInvalidArgument, "checkpoint_offsets: checkpoint_offsets[", n, ", ", c, "] = ", t,
+             " is not a multiple of 16");
+      if (t > length)
+        fail(ErrorCode::kInvalidArgument, "checkpoint_offsets: checkpoint_offsets[", n, ", ", c, "] = ", t,
+             " is past the end of sequence ", n, " (", length, " tokens)");
+      if (t < previous)
+        fail(ErrorCode::kInvalidArgument, "checkpoint_offsets: offsets of sequence ", n, " decrease: [", n, ", ", c,
+             "] = ", t, " after [", n, ", ", previous_c, "] = ", previous);
+      previous = t, previous_c = c;
+    }
   }
 }
 

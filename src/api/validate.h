@@ -33,4 +33,8 @@ void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t tota
 // slot written by one sequence and read by another from the same buffer.
 void validate_state_slots(const Problem& p);
 
+// Checks host-readable checkpoint offsets against the sequences' token offsets: multiples of 16,
+// within the sequence, non-decreasing (negative entries are unused).
+void validate_checkpoint_offsets(const Problem& p, const std::vector<int64_t>& offsets);
+
 }  // namespace flashkda

@@ -33,6 +33,10 @@ struct Problem {
   const void* final_state_indices = nullptr;  // [N], optional
   DType final_state_indices_dtype = DType::kI64;
   int64_t initial_slots = 0, final_slots = 0;  // slots of initial_state / final_state (0 when absent)
+  const void* checkpoint_offsets = nullptr;   // [N, C], optional
+  DType checkpoint_offsets_dtype = DType::kI64;
+  float* checkpoint_state = nullptr;          // [N, C, H, V, K] (state layout), with checkpoint_offsets
+  int64_t checkpoints = 0;                    // C
   uint16_t* out = nullptr;         // [B*T, H, V] bf16 bits
   float lower_bound = -5.0f;
   float scale = 1.0f;
@@ -42,6 +46,9 @@ struct Problem {
 // Token offsets of the N sequences, N + 1 entries, for a problem whose cu_seqlens (if any) is
 // readable from the host.
 std::vector<int64_t> host_sequence_offsets(const Problem& p);
+
+// checkpoint_offsets[n, c] of a problem whose offsets are readable from the host.
+int64_t host_checkpoint_offset(const Problem& p, int64_t n, int64_t c);
 
 // Where each sequence's states live, for a problem whose state indices (if any) are readable from
 // the host (common/state_slots.cpp): every backend reads and writes states through this.

@@ -19,6 +19,10 @@ StateSlots::StateSlots(const Problem& p)
       final_indices(p.final_state_indices),
       final_indices_dtype(p.final_state_indices_dtype) {}
 
+int64_t host_checkpoint_offset(const Problem& p, int64_t n, int64_t c) {
+  return index_at(p.checkpoint_offsets, p.checkpoint_offsets_dtype, n * p.checkpoints + c);
+}
+
 int64_t StateSlots::initial(int64_t n) const { return indices ? index_at(indices, indices_dtype, n) : n; }
 
 int64_t StateSlots::final(int64_t n) const {

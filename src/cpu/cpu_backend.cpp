@@ -210,6 +210,18 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
       for (int i = 0; i < K; ++i) St[i * V + j] = src[slots.element(slot, h, j, i)];
   }
 
+  // Prefix checkpoints of this sequence after `offset` tokens: the state as it stands, fp32, in
+  // the state layout (chunks start at the sequence's start, so every multiple of 16 is a chunk
+  // boundary, and the state there is the one a prefill of those tokens ends with).
+  auto store_checkpoints = [&](int64_t offset) {
+    for (int64_t c = 0; c < p.checkpoints; ++c) {
+      if (host_checkpoint_offset(p, n, c) != offset) continue;
+      for (int j = 0; j < V; ++j)
+        for (int i = 0; i < K; ++i) p.checkpoint_state[slots.element(n * p.checkpoints + c, h, j, i)] = St[i * V + j];
+    }
+  };
+  if (p.checkpoint_state) store_checkpoints(0);
+
   const float exp_A = std::exp(p.A_log[h]);
   const float* dt_bias = p.dt_bias + h * K;
   float* __restrict qh = s.qh.data();
@@ -361,6 +373,7 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
         for (int j = 0; j < V; ++j) Si[j] += a * Us[j];
       }
     }
+    if (p.checkpoint_state) store_checkpoints(t0 + c - t_begin);
   }
 
   // Final state, to its slot in the tensor's layout.

@@ -354,6 +354,9 @@ ForwardArgs to_forward_args(const Problem& p) {
   if (p.final_state_indices)
     a.final_state_indices = make_tensor(p.final_state_indices, p.final_state_indices_dtype, p.N);
   a.state_layout = p.state_layout;
+  if (p.checkpoint_offsets)
+    a.checkpoint_offsets = make_tensor(p.checkpoint_offsets, p.checkpoint_offsets_dtype, p.N, p.checkpoints);
+  if (p.checkpoint_state) a.checkpoint_state = make_tensor(p.checkpoint_state, DType::kF32, p.N, p.checkpoints, p.H, d1, d2);
   a.lower_bound = p.lower_bound;
   a.scale = p.scale;
   a.gate = p.gate;

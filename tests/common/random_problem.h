@@ -125,8 +125,8 @@ void set_input_value(RandomProblem& rp, Input which, int64_t token, int64_t head
 
 namespace flashkda::testing {
 
-// The public-API arguments describing problem `p` (host or device pointers alike; state pools and
-// the state layout included).
+// The public-API arguments describing problem `p` (host or device pointers alike; state pools, the
+// state layout and checkpoints included).
 ForwardArgs to_forward_args(const Problem& p);
 
 }  // namespace flashkda::testing
