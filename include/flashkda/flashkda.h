@@ -32,16 +32,22 @@ constexpr int kMaxDims = 5;  // the most dimensions a tensor argument has (check
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
-// A view of a dense row-major tensor. A default Tensor (no data, no dimensions) means "not
-// given" for optional tensors; a tensor with dimensions is given even when it has no elements
-// (an empty framework tensor has a null data pointer), and is then checked like any other.
+// A view of a tensor. A default Tensor (no data, no dimensions) means "not given" for optional
+// tensors; a tensor with dimensions is given even when it has no elements (an empty framework
+// tensor has a null data pointer), and is then checked like any other. Strides are in elements;
+// all zero (the default) means dense row-major. q, k, v, g and beta may be strided views (slices
+// of a fused projection: the last dimension contiguous, the others any non-negative stride);
+// every other argument is dense.
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::kBF16;
   int32_t ndim = 0;
-  int64_t shape[5] = {0, 0, 0, 0, 0};  // up to kMaxDims
+  int64_t shape[5] = {0, 0, 0, 0, 0};    // up to kMaxDims
+  int64_t strides[5] = {0, 0, 0, 0, 0};  // elements; all zero: dense row-major
 
   bool given() const { return data != nullptr || ndim > 0; }
+  bool dense() const;              // no strides given, or exactly the row-major ones
+  int64_t stride(int i) const;     // dimension i's stride in elements (the row-major one when dense)
   int64_t numel() const;
 };
 
@@ -51,6 +57,8 @@ Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3);
 Tensor make_tensor(const void* data, DType dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t d4);
+// A strided view: ndim dimensions of the given shape and strides (elements).
+Tensor make_strided_tensor(const void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides);
 
 // How forward() checks cu_seqlens that live on the device.
 enum class SeqlenCheck : int32_t {

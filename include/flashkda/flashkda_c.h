@@ -30,6 +30,7 @@ typedef struct flashkda_tensor {
   int32_t dtype;
   int32_t ndim;
   int64_t shape[5];
+  int64_t strides[5];  /* elements; all zero: dense row-major (see Tensor in flashkda.h) */
 } flashkda_tensor;
 
 typedef struct flashkda_forward_args {

@@ -22,16 +22,17 @@ struct TensorArgument {
   int num_dtypes;
   const char* dtype_words; // the dtypes as the error messages word them
   const char* shape;       // as the docs write it
+  bool strided = false;    // may be a strided view (last dimension contiguous)
 };
 
 // In the order the Python binding passes them (its ARG_NAMES).
 inline constexpr TensorArgument kTensorArguments[] = {
-    {"q", &ForwardArgs::q, &flashkda_forward_args::q, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]"},
-    {"k", &ForwardArgs::k, &flashkda_forward_args::k, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]"},
-    {"v", &ForwardArgs::v, &flashkda_forward_args::v, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, V]"},
-    {"g", &ForwardArgs::g, &flashkda_forward_args::g, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]"},
+    {"q", &ForwardArgs::q, &flashkda_forward_args::q, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]", true},
+    {"k", &ForwardArgs::k, &flashkda_forward_args::k, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]", true},
+    {"v", &ForwardArgs::v, &flashkda_forward_args::v, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, V]", true},
+    {"g", &ForwardArgs::g, &flashkda_forward_args::g, true, false, {DType::kBF16}, 1, "bfloat16", "[B, T, H, K]", true},
     {"beta", &ForwardArgs::beta, &flashkda_forward_args::beta, true, false, {DType::kBF16}, 1, "bfloat16",
-     "[B, T, H]"},
+     "[B, T, H]", true},
     {"A_log", &ForwardArgs::A_log, &flashkda_forward_args::A_log, true, false, {DType::kF32}, 1, "float32", "[H]"},
     {"dt_bias", &ForwardArgs::dt_bias, &flashkda_forward_args::dt_bias, true, false, {DType::kF32}, 1, "float32",
      "[H, K]"},

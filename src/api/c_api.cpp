@@ -15,7 +15,7 @@ flashkda::Tensor to_cpp(const flashkda_tensor& t) {
   r.data = t.data;
   r.dtype = static_cast<flashkda::DType>(t.dtype);
   r.ndim = t.ndim;
-  for (int i = 0; i < flashkda::kMaxDims; ++i) r.shape[i] = t.shape[i];
+  for (int i = 0; i < flashkda::kMaxDims; ++i) r.shape[i] = t.shape[i], r.strides[i] = t.strides[i];
   return r;
 }
 

@@ -56,6 +56,11 @@ gpu::PrefillPlan cuda_plan(const Problem& p) {
   if (p.state_indices)
     fail(ErrorCode::kUnsupported, "state_indices: state pools are not supported on the CUDA path yet; "
          "pass [N, H, V, K] states, or host tensors for the CPU backend");
+  for (const auto& [name, rows] : {std::pair<const char*, const RowStrides&>{"q", p.q_rows}, {"k", p.k_rows},
+                                   {"v", p.v_rows}, {"g", p.g_rows}, {"beta", p.beta_rows}})
+    if (!rows.dense)
+      fail(ErrorCode::kUnsupported, name, ": strided views are not supported on the CUDA path yet; pass a contiguous "
+           "tensor, or host tensors for the CPU backend");
   if (p.checkpoint_offsets)
     fail(ErrorCode::kUnsupported, "checkpoint_offsets: prefix checkpoints are not supported on the CUDA path yet; "
          "pass host tensors for the CPU backend");

@@ -26,6 +26,24 @@ size_t dtype_size(DType t) {
   return 0;
 }
 
+int64_t Tensor::stride(int i) const {
+  bool none = true;
+  for (int d = 0; d < ndim && d < kMaxDims; ++d) none &= strides[d] == 0;
+  if (!none) return strides[i];
+  int64_t s = 1;
+  for (int d = ndim - 1; d > i; --d) s *= shape[d];
+  return s;
+}
+
+bool Tensor::dense() const {
+  int64_t expected = 1;
+  for (int d = (ndim < kMaxDims ? ndim : kMaxDims) - 1; d >= 0; --d) {
+    if (shape[d] != 1 && stride(d) != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int i = 0; i < ndim && i < kMaxDims; ++i) n *= shape[i];
@@ -37,7 +55,13 @@ static Tensor make(const void* data, DType dtype, int ndim, const int64_t* dims)
   t.data = const_cast<void*>(data);
   t.dtype = dtype;
   t.ndim = ndim;
-  for (int i = 0; i < ndim; ++i) t.shape[i] = dims[i];
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) t.shape[i] = dims[i];
+  return t;
+}
+
+Tensor make_strided_tensor(const void* data, DType dtype, int ndim, const int64_t* shape, const int64_t* strides) {
+  Tensor t = make(data, dtype, ndim, shape);
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) t.strides[i] = strides[i];
   return t;
 }
 

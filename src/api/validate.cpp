@@ -103,10 +103,60 @@ struct Extent {
   uintptr_t begin, end;
 };
 
+// Elements from a view's first element to its last, plus one (numel() when dense; a strided view
+// spans its gaps too).
+int64_t span_elements(const Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t span = 1;
+  for (int i = 0; i < t.ndim; ++i) span += (t.shape[i] - 1) * t.stride(i);
+  return span;
+}
+
 Extent extent_of(const char* name, const Tensor& t) {
   const auto begin = reinterpret_cast<uintptr_t>(t.data);
   if (!t.data) return {name, 0, 0};
-  return {name, begin, begin + static_cast<uintptr_t>(t.numel()) * dtype_size(t.dtype)};
+  return {name, begin, begin + static_cast<uintptr_t>(span_elements(t)) * dtype_size(t.dtype)};
+}
+
+std::string strides_string(const Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim && i < kMaxDims; ++i) s += (i ? ", " : "") + std::to_string(t.strides[i]);
+  return s + "]";
+}
+
+// Strided views (their shapes checked already): only the arguments that may be one, the last
+// dimension contiguous (q, k, v, g), no negative stride, a span whose bytes fit in int64.
+void check_strides(const ForwardArgs& a) {
+  for (const TensorArgument& arg : kTensorArguments) {
+    const Tensor& t = a.*arg.member;
+    if (!t.given() || t.dense()) continue;
+    if (!arg.strided)
+      fail(ErrorCode::kInvalidArgument, arg.name, ": expected a dense (contiguous, row-major) tensor, got strides ",
+           strides_string(t), " for shape ", shape_string(t), "; only q, k, v, g and beta may be strided views");
+    for (int i = 0; i < t.ndim; ++i)
+      if (t.stride(i) < 0)
+        fail(ErrorCode::kInvalidArgument, arg.name, ": negative strides are not supported, got strides ",
+             strides_string(t), " for shape ", shape_string(t));
+    if (t.ndim == 4 && t.shape[3] > 1 && t.stride(3) != 1)
+      fail(ErrorCode::kInvalidArgument, arg.name, ": expected the last dimension contiguous (stride 1), got strides ",
+           strides_string(t), " for shape ", shape_string(t));
+    int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype)), span = 1;
+    bool overflow = false;
+    for (int i = 0; i < t.ndim; ++i) {
+      int64_t extent = 0;
+      overflow |= __builtin_mul_overflow(t.shape[i] - 1, t.stride(i), &extent);
+      overflow |= __builtin_add_overflow(span, extent, &span);
+    }
+    if (overflow || __builtin_mul_overflow(bytes, span, &bytes))
+      fail(ErrorCode::kInvalidArgument, arg.name, ": strides ", strides_string(t), " with shape ", shape_string(t),
+           " span more bytes than 64 bits count");
+  }
+}
+
+// The rows of a validated [B, T, H, D] (or [B, T, H]) activation.
+RowStrides row_strides(const Tensor& t) {
+  if (t.dense()) return {};
+  return {false, t.stride(0), t.stride(1), t.stride(2)};
 }
 
 // Outputs may not overlap an input or each other, except as the exact aliases the kernels
@@ -239,6 +289,7 @@ Problem validate_forward(const ForwardArgs& a) {
     fail(ErrorCode::kInvalidArgument, "seqlen_check: expected kHost (0) or kDeviceGuardsOnly (1), got ",
          static_cast<int>(a.seqlen_check));
 
+  check_strides(a);
   check_overlaps(a);
 
   Problem p;
@@ -249,6 +300,8 @@ Problem validate_forward(const ForwardArgs& a) {
   p.v = static_cast<const uint16_t*>(a.v.data);
   p.g = static_cast<const uint16_t*>(a.g.data);
   p.beta = static_cast<const uint16_t*>(a.beta.data);
+  p.q_rows = row_strides(a.q), p.k_rows = row_strides(a.k), p.v_rows = row_strides(a.v);
+  p.g_rows = row_strides(a.g), p.beta_rows = row_strides(a.beta);
   p.A_log = static_cast<const float*>(a.A_log.data);
   p.dt_bias = static_cast<const float*>(a.dt_bias.data);
   p.initial_state = a.initial_state.data;

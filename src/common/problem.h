@@ -9,6 +9,14 @@
 
 namespace flashkda {
 
+// Where the rows of a [B, T, H, D] activation (or [B, T, H] for beta: D = 1) start: dense
+// tensors are [B*T, H, D] row-major; a strided view (a slice of a fused projection) has its own
+// batch, token and head strides, in elements, its last dimension contiguous.
+struct RowStrides {
+  bool dense = true;
+  int64_t batch = 0, token = 0, head = 0;
+};
+
 struct Problem {
   int64_t B = 0, T = 0, H = 0, K = 0, V = 0;
   int64_t N = 0;             // number of sequences (B, or cu_seqlens length - 1)
@@ -38,6 +46,13 @@ struct Problem {
   float* checkpoint_state = nullptr;          // [N, C, H, V, K] (state layout), with checkpoint_offsets
   int64_t checkpoints = 0;                    // C
   uint16_t* out = nullptr;         // [B*T, H, V] bf16 bits
+  RowStrides q_rows, k_rows, v_rows, g_rows, beta_rows;  // of q, k, v, g, beta (out is dense)
+
+  // The element offset of row `row` (0 .. B*T - 1) of head h in an activation of row length `d`.
+  int64_t row_offset(const RowStrides& s, int64_t row, int64_t h, int64_t d) const {
+    if (s.dense) return (row * H + h) * d;
+    return (T > 0 ? (row / T) * s.batch + (row % T) * s.token : 0) + h * s.head;
+  }
   float lower_bound = -5.0f;
   float scale = 1.0f;
   Gate gate = Gate::kSafe;

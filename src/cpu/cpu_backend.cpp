@@ -243,20 +243,20 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
 
     // Per-token inputs: normalised q, k; G_r = a_1 + ... + a_r; beta.
     for (int r = 0; r < c; ++r) {
-      const int64_t row = (t0 + r) * H + h;
+      const int64_t t = t0 + r;
       float* qrow = qh + r * K;
       float* krow = kh + r * K;
-      load_row_bf16(p.q + row * K, qrow, K);
-      load_row_bf16(p.k + row * K, krow, K);
+      load_row_bf16(p.q + p.row_offset(p.q_rows, t, h, K), qrow, K);
+      load_row_bf16(p.k + p.row_offset(p.k_rows, t, h, K), krow, K);
       normalise(qrow, d);
       normalise(krow, d);
       float* __restrict Gr = G + r * K;
-      gate_row(p.gate, p.g + row * K, dt_bias, exp_A, p.lower_bound, Gr, K);
+      gate_row(p.gate, p.g + p.row_offset(p.g_rows, t, h, K), dt_bias, exp_A, p.lower_bound, Gr, K);
       if (r > 0) {
         const float* __restrict Gprev = G + (r - 1) * K;
         for (int i = 0; i < K; ++i) Gr[i] += Gprev[i];
       }
-      beta[r] = sigmoid<float>(bf16_to_float(p.beta[row]));
+      beta[r] = sigmoid<float>(bf16_to_float(p.beta[p.row_offset(p.beta_rows, t, h, 1)]));
     }
     const float* Gc = G + (c - 1) * K;
 
@@ -329,7 +329,7 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
 
     // u = Diag(beta) (V - K~ S), then U = (I + L)^{-1} u by forward substitution (in W).
     for (int r = 0; r < c; ++r) {
-      const uint16_t* vr = p.v + ((t0 + r) * H + h) * V;
+      const uint16_t* vr = p.v + p.row_offset(p.v_rows, t0 + r, h, V);
       float* __restrict Ur = W + r * V;
       const float b = beta[r];
       for (int j = 0; j < V; ++j) Ur[j] = b * (bf16_to_float(vr[j]) - Ur[j]);

@@ -74,16 +74,16 @@ struct TokenInputs {
 
   void load(const Problem& p, int64_t t, int64_t h) {
     const int64_t K = p.K, V = p.V, H = p.H;
-    normalised_row(p.q + (t * H + h) * K, K, q.data());
-    normalised_row(p.k + (t * H + h) * K, K, k.data());
+    normalised_row(p.q + p.row_offset(p.q_rows, t, h, K), K, q.data());
+    normalised_row(p.k + p.row_offset(p.k_rows, t, h, K), K, k.data());
     const double A_log = p.A_log[h];
     for (int64_t i = 0; i < K; ++i) {
-      const double g = bf16_to_float(p.g[(t * H + h) * K + i]);
+      const double g = bf16_to_float(p.g[p.row_offset(p.g_rows, t, h, K) + i]);
       a[i] = gate_log_decay<double>(p.gate, g, A_log, static_cast<double>(p.dt_bias[h * K + i]),
                                     static_cast<double>(p.lower_bound));
     }
-    for (int64_t j = 0; j < V; ++j) v[j] = bf16_to_float(p.v[(t * H + h) * V + j]);
-    beta = sigmoid<double>(bf16_to_float(p.beta[t * H + h]));
+    for (int64_t j = 0; j < V; ++j) v[j] = bf16_to_float(p.v[p.row_offset(p.v_rows, t, h, V) + j]);
+    beta = sigmoid<double>(bf16_to_float(p.beta[p.row_offset(p.beta_rows, t, h, 1)]));
   }
 };
 

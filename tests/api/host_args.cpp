@@ -131,7 +131,7 @@ flashkda_tensor to_c(const Tensor& t) {
   c.data = t.data;
   c.dtype = static_cast<int32_t>(t.dtype);
   c.ndim = t.ndim;
-  for (int i = 0; i < kMaxDims; ++i) c.shape[i] = t.shape[i];
+  for (int i = 0; i < kMaxDims; ++i) c.shape[i] = t.shape[i], c.strides[i] = t.strides[i];
   return c;
 }
 

@@ -486,7 +486,8 @@ TEST_F(GpuPrefill, SoftplusGateRefused) {
   EXPECT_THAT(msg, ::testing::HasSubstr("softplus"));
 }
 
-// State pools and the K-major layout run on the CPU backend so far: the CUDA path says so.
+// State pools, the K-major layout, checkpoints and strided inputs run on the CPU backend so far:
+// the CUDA path says so (none of these reach a kernel).
 TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
   RandomProblem host(packed({10, 7}, 1, 26));
   DeviceProblem dev(host);
@@ -503,6 +504,27 @@ TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
   a.state_layout = StateLayout::kKV;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
   EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the K-major state layout is not supported"));
+  a = dev.args();  // checkpoints (offsets 0 and 16 of each sequence)
+  const int64_t host_offsets[] = {0, 16, 0, -1};
+  int64_t* offsets = nullptr;
+  float* states = nullptr;
+  check_cuda(cudaMalloc(&offsets, sizeof host_offsets), "offsets");
+  check_cuda(cudaMemcpy(offsets, host_offsets, sizeof host_offsets, cudaMemcpyHostToDevice), "offsets");
+  check_cuda(cudaMalloc(&states, 4 * 128 * 128 * sizeof(float)), "checkpoint states");
+  a.checkpoint_offsets = make_tensor(offsets, DType::kI64, 2, 2);
+  a.checkpoint_state = make_tensor(states, DType::kF32, 2, 2, 1, 128, 128);
+  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("checkpoint_offsets: prefix checkpoints are not supported on the CUDA path"));
+  a = dev.args();  // a strided q: the same memory read with another token stride
+  a.q.strides[0] = 17 * 128, a.q.strides[1] = 128, a.q.strides[2] = 128, a.q.strides[3] = 1;
+  a.q.shape[1] = 8;
+  a.k.shape[1] = a.v.shape[1] = a.g.shape[1] = a.out.shape[1] = a.beta.shape[1] = 8;
+  a.cu_seqlens = Tensor{};
+  a.initial_state.shape[0] = a.final_state.shape[0] = 1;
+  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("q: strided views are not supported on the CUDA path yet"));
+  cudaFree(states);
+  cudaFree(offsets);
   cudaFree(idx);
 }
 
