@@ -20,12 +20,35 @@ else:  # pragma: no cover
     _torch_ops = None
 
 _GATES = {"safe": 0, "softplus": 1}
+_STATE_LAYOUTS = {"vk": 0, "kv": 1}  # flashkda::StateLayout: V-major [.., V, K], K-major [.., K, V]
 
 
 def _gate_id(gate) -> int:
     if isinstance(gate, str) and gate in _GATES:
         return _GATES[gate]
     raise ValueError(f"gate: expected 'safe' or 'softplus', got {gate!r}")
+
+
+def _state_layout_id(state_layout) -> int:
+    if isinstance(state_layout, str) and state_layout in _STATE_LAYOUTS:
+        return _STATE_LAYOUTS[state_layout]
+    raise ValueError(
+        f"state_layout: expected 'vk' (V-major states [.., V, K]) or 'kv' (K-major [.., K, V]), got {state_layout!r}"
+    )
+
+
+def _refuse_jax_pools(state_indices, *arrays) -> None:
+    """State pools are updated in place; JAX arrays are immutable (and may share their buffers),
+    so a pool of JAX arrays, or pools beside JAX inputs, are refused rather than mutated."""
+    if state_indices is None:
+        return
+    for x in (state_indices,) + arrays:
+        if x is not None and _frameworks.framework_of(x) == "jax":
+            raise TypeError(
+                "state_indices: state pools are updated in place, and JAX arrays are immutable; "
+                "pools take torch tensors, NumPy or CuPy arrays (for JAX, pass [N, H, V, K] states "
+                "without state_indices and gather / scatter the pool yourself)"
+            )
 
 
 def _default_scale(q) -> float:
@@ -111,6 +134,9 @@ def forward(
     cu_seqlens=None,
     out=None,
     check_cu_seqlens: bool = True,
+    state_indices=None,
+    final_state_indices=None,
+    state_layout: str = "vk",
     stream=None,
 ):
     """Kimi Delta Attention forward; returns ``(out, final_state)``.
@@ -133,13 +159,30 @@ def forward(
             before launching (a stream synchronisation, skipped anyway while the stream is being
             captured into a CUDA graph). ``False`` skips it for the lowest latency: the kernels
             still never read out of bounds, but bad offsets then give undefined results.
+        state_indices: optional int64 or int32 ``[N]``: makes ``initial_state`` a *pool* of
+            slots ``[P, H, V, K]``, updated in place. Sequence ``n`` starts from slot
+            ``state_indices[n]`` and its final state is written back to that slot (or to
+            ``final_state_indices[n]``). A negative index marks a padding sequence: it is
+            skipped, its ``out`` rows are not written (zeros in an ``out`` allocated here; an
+            ``out=`` keeps its values). Slots no sequence writes are left bit for bit as they
+            were. ``initial_state`` is required with it; ``output_final_state`` is then
+            ignored: the pool is the output, returned as ``final_state``. Indices outside the
+            pool, two sequences writing one slot, and a slot written by one sequence and read by
+            another are refused (``ValueError``). CPU backend only so far (CUDA tensors raise
+            ``NotImplementedError``); not for JAX arrays (immutable: ``TypeError``).
+        final_state_indices: optional int64 or int32 ``[N]`` (needs ``state_indices``): the slot
+            of the pool each sequence's final state goes to; negative: not written.
+        state_layout: ``"vk"`` (default): states are V-major ``[.., V, K]``; ``"kv"``: K-major
+            ``[.., K, V]`` (fla's recurrent layout), for the pool, ``initial_state`` and the
+            ``final_state`` allocated here alike. ``"kv"`` runs on the CPU backend only so far.
         stream: for CUDA arrays of frameworks other than torch: the stream to run on (an int
             ``cudaStream_t`` or an object with ``.ptr`` / ``.cuda_stream``). Torch tensors always
             run on ``torch.cuda.current_stream()``; use ``with torch.cuda.stream(s):``.
 
     Returns:
         ``(out, final_state)``, arrays of the caller's framework; ``final_state`` is ``None``
-        unless ``output_final_state``.
+        unless ``output_final_state``. With ``state_indices``, ``final_state`` is the pool
+        itself (``initial_state``, updated in place).
 
     Raises:
         TypeError for a wrong dtype, a non-array argument, a missing (None) required tensor or a
@@ -150,10 +193,19 @@ def forward(
         backward yet), so call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or
         pass detached tensors. The messages name the argument, the expectation and what was given.
     """
-    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens), allocated=("out",))
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens, state_indices,
+                    final_state_indices), allocated=("out",))
     gate_id = _gate_id(gate)
+    layout = _state_layout_id(state_layout)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
+    if state_indices is not None and initial_state is None:
+        raise ValueError(
+            "state_indices: given without initial_state; with state_indices, initial_state is the pool "
+            "[P, H, V, K] the sequences start from and their final states are written to (in place): pass it "
+            "(zeros for fresh slots), or flashkda.fwd(..., final_state=pool) to start from zero states"
+        )
+    _refuse_jax_pools(state_indices, q, initial_state, out)
     if _is_torch(q):
         if stream is not None:
             raise ValueError(
@@ -163,15 +215,17 @@ def forward(
         return _torch_ops.forward(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
             lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens),
+            state_indices, final_state_indices, layout,
         )
     return _frameworks.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
         lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens), stream,
+        state_indices, final_state_indices, layout,
     )
 
 
 def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
-        cu_seqlens=None, *, check_cu_seqlens=True):
+        cu_seqlens=None, *, check_cu_seqlens=True, state_indices=None, final_state_indices=None, state_layout="vk"):
     """The call of the existing ``flash_kda.fwd``: writes ``out`` (and ``final_state``) in place.
 
     Same arguments and layouts as :func:`forward` (state ``[N, H, V, K]``), given positionally in
@@ -181,19 +235,31 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
     exceptions :func:`forward` raises. ``check_cu_seqlens`` (keyword only, an addition) is
     :func:`forward`'s: False skips the host check of CUDA ``cu_seqlens`` and with it the one
     synchronisation of a call. Inference only, like :func:`forward`.
+
+    State pools (keyword only, additions; they map onto the C++ arguments): with
+    ``state_indices`` ``[N]``, ``initial_state`` and ``final_state`` are pools ``[P, H, V, K]``
+    (each optional, possibly of different sizes, or the same tensor: updated in place). Sequence
+    ``n`` starts from ``initial_state[state_indices[n]]`` (zeros without ``initial_state``) and
+    writes its final state to ``final_state[final_state_indices[n]]`` (``state_indices[n]``
+    without ``final_state_indices``). Negative indices: padding (the sequence is skipped, its
+    ``out`` rows are not written), or, in ``final_state_indices``, no final state written.
+    ``state_layout="kv"`` takes K-major states ``[.., K, V]``. See :func:`forward`.
     """
-    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens))
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens, state_indices,
+                    final_state_indices))
+    layout = _state_layout_id(state_layout)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
+    _refuse_jax_pools(state_indices, q, initial_state, final_state, out)
     if _is_torch(q):
         _torch_ops.forward_out(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-            lower_bound, scale, 0, bool(check_cu_seqlens),
+            lower_bound, scale, 0, bool(check_cu_seqlens), state_indices, final_state_indices, layout,
         )
         return None
     _frameworks.run(
         q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        lower_bound, scale, 0, bool(check_cu_seqlens), None,
+        lower_bound, scale, 0, bool(check_cu_seqlens), None, state_indices, final_state_indices, layout,
     )
     return None
 

@@ -114,18 +114,19 @@ class _Allocator:
 
         return np.dtype(dtype)
 
-    def empty(self, shape, dtype):
+    def empty(self, shape, dtype, zeros=False):
+        """An uninitialised array (zero-filled with `zeros`; JAX's always are)."""
         dtype = self._dtype(dtype)
         if self.fw == "numpy":
             import numpy as np
 
-            return np.empty(shape, dtype=dtype)
+            return (np.zeros if zeros else np.empty)(shape, dtype=dtype)
         if self.fw == "cupy":
             import cupy
 
             with cupy.cuda.Device(self.q.device.id), _cupy_stream(cupy, self.stream):
                 try:
-                    return cupy.empty(shape, dtype=dtype)
+                    return (cupy.zeros if zeros else cupy.empty)(shape, dtype=dtype)
                 except (TypeError, ValueError) as e:
                     raise TypeError(
                         f"flashkda: CuPy cannot allocate an array of dtype {dtype} ({e}); pass out= yourself"
@@ -142,24 +143,29 @@ class _Allocator:
 
 
 def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        lower_bound, scale, gate, check_cu_seqlens, stream):
-    """Runs the extension on arrays of any framework, writing into out and final_state."""
+        lower_bound, scale, gate, check_cu_seqlens, stream, state_indices=None, final_state_indices=None,
+        state_layout=0):
+    """Runs the extension on arrays of any framework, writing into out and final_state (which may
+    be initial_state itself: a pool updated in place, with state_indices)."""
     fw = framework_of(q)
     cuda = _is_cuda(fw, q)
     handle = _stream_handle(fw, stream)
     if fw == "jax" and cuda:
         # JAX has no stream to share: wait for the inputs, and (below) for the kernels.
-        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens):
+        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, final_state_indices):
             if hasattr(x, "block_until_ready"):
                 x.block_until_ready()
     args, views = _prepare(dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
-                                initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens))
+                                initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
+                                state_indices=state_indices, final_state_indices=final_state_indices))
     alloc = _Allocator(q, handle)
     _ext.forward(
         args["q"], args["k"], args["v"], args["g"], args["beta"], args["A_log"], args["dt_bias"], args["out"],
         args["initial_state"], args["final_state"], args["cu_seqlens"],
         lower_bound, scale, gate, check_cu_seqlens, handle,
         (lambda n: alloc.empty((n,), "uint8")) if cuda else None, views,
+        state_indices=args["state_indices"], final_state_indices=args["final_state_indices"],
+        state_layout=state_layout,
     )
     if fw == "jax" and cuda:
         _ext.stream_synchronize(handle)
@@ -183,26 +189,31 @@ def check_rank(q, v) -> None:
             )
 
 
-def _output_shapes(q, v, cu_seqlens):
+def _output_shapes(q, v, cu_seqlens, state_layout=0):
     check_rank(q, v)
     B, T, H, K = (int(d) for d in q.shape)
     V = int(v.shape[3])
     N = B
     if cu_seqlens is not None and len(cu_seqlens.shape) >= 1:
         N = max(int(cu_seqlens.shape[0]) - 1, 0)
-    return (B, T, H, V), (N, H, V, K)
+    return (B, T, H, V), ((N, H, K, V) if state_layout == 1 else (N, H, V, K))
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
-            lower_bound, scale, gate, output_final_state, check_cu_seqlens, stream):
-    """flashkda.forward for arrays that are not torch tensors."""
-    out_shape, state_shape = _output_shapes(q, v, cu_seqlens)
+            lower_bound, scale, gate, output_final_state, check_cu_seqlens, stream,
+            state_indices=None, final_state_indices=None, state_layout=0):
+    """flashkda.forward for arrays that are not torch tensors. With state_indices, initial_state
+    is a pool, updated in place and returned as the final state (the API checked it is given)."""
+    out_shape, state_shape = _output_shapes(q, v, cu_seqlens, state_layout)
     alloc = _Allocator(q, _stream_handle(framework_of(q), stream))
+    pools = state_indices is not None
     if out is None:
-        out = alloc.empty(out_shape, "bfloat16")
+        out = alloc.empty(out_shape, "bfloat16", zeros=pools)  # padding sequences' rows are not written
     final_state = None
-    if output_final_state:
+    if pools:
+        final_state = initial_state
+    elif output_final_state:
         final_state = alloc.empty(state_shape, initial_state.dtype if initial_state is not None else "float32")
     run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        lower_bound, scale, gate, check_cu_seqlens, stream)
+        lower_bound, scale, gate, check_cu_seqlens, stream, state_indices, final_state_indices, state_layout)
     return out, final_state

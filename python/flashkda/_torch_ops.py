@@ -1,8 +1,16 @@
 """torch.library custom ops, so torch.compile(fullgraph=True) traces through flashkda.
 
     flashkda::forward      functional: returns (out, final_state); final_state has 0 elements
-                           unless output_final_state
-    flashkda::forward_out  writes out (and final_state, when given) in place; returns nothing
+                           unless output_final_state; with state_indices it is a new pool: a
+                           copy of initial_state with the sequences' slots written
+    flashkda::forward_out  writes out (and final_state, when given) in place; returns nothing.
+                           With state_in_place, final_state is the initial state too (a pool
+                           read and updated in place; initial_state is then None): the pool is
+                           one mutated argument, not an input aliasing a mutated one
+
+Both take the state pool arguments (state_indices, final_state_indices: optional [N] int64 or
+int32) and state_layout (0: V-major [.., V, K], 1: K-major [.., K, V]) after the others, with
+defaults, so calls without them are unchanged.
 
 Both have fake (meta) implementations, which take fake and meta tensors. The real ones pass the
 tensors to the extension through DLPack (no copies; a meta tensor has no data, and the extension
@@ -27,19 +35,22 @@ def _detach(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-            lower_bound, scale, gate, check_cu_seqlens) -> None:
+            lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
+            state_layout=0) -> None:
     tensors = [_detach(t) for t in (q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens)]
+    pools = dict(state_indices=_detach(state_indices), final_state_indices=_detach(final_state_indices),
+                 state_layout=state_layout)
     device = q.device
     if device.type != "cuda":
-        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, 0, None, 0)
+        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, 0, None, 0, **pools)
         return
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, stream,
-                     lambda n: torch.empty(n, dtype=torch.uint8, device=device), 0)
+                     lambda n: torch.empty(n, dtype=torch.uint8, device=device), 0, **pools)
 
 
-def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]):
+def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], state_layout: int = 0):
     # Shape arithmetic without int(): stays symbolic under torch.compile(dynamic=True). A
     # cu_seqlens without N + 1 >= 2 entries gets an empty state here, and the C++ validation's
     # error ("cu_seqlens: expected at least 2 entries ...") at the call.
@@ -47,6 +58,8 @@ def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]):
         N = q.shape[0]
     else:
         N = torch.sym_max(cu_seqlens.shape[0] - 1, 0)
+    if state_layout == 1:  # K-major [N, H, K, V]
+        return (N, q.shape[2], q.shape[3], v.shape[3])
     return (N, q.shape[2], v.shape[3], q.shape[3])
 
 
@@ -54,11 +67,19 @@ def _state_dtype(initial_state: Optional[Tensor]) -> torch.dtype:
     return torch.float32 if initial_state is None else initial_state.dtype
 
 
-def _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state):
+def _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state, state_indices=None, state_layout=0):
     check_rank(q, v)
-    out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=torch.bfloat16)
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    if state_indices is not None:
+        # A new pool: initial_state's slots, the sequences' written over them (padding sequences'
+        # out rows are not written: zeros).
+        if initial_state is None:
+            raise ValueError("state_indices: given without initial_state; the functional op returns a new pool, "
+                             "a copy of initial_state [P, H, V, K] with the sequences' slots written, and needs it")
+        return q.new_zeros(out_shape, dtype=torch.bfloat16), initial_state.clone()
+    out = q.new_empty(out_shape, dtype=torch.bfloat16)
     if output_final_state:
-        final_state = q.new_empty(_state_shape(q, v, cu_seqlens), dtype=_state_dtype(initial_state))
+        final_state = q.new_empty(_state_shape(q, v, cu_seqlens, state_layout), dtype=_state_dtype(initial_state))
     else:
         final_state = q.new_empty((0,), dtype=_state_dtype(initial_state))
     return out, final_state
@@ -66,10 +87,17 @@ def _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state):
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Tensor, dt_bias: Tensor,
                 initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], lower_bound: float, scale: float,
-                gate: int, output_final_state: bool, check_cu_seqlens: bool) -> Tuple[Tensor, Tensor]:
-    out, final_state = _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state)
+                gate: int, output_final_state: bool, check_cu_seqlens: bool,
+                state_indices: Optional[Tensor] = None, final_state_indices: Optional[Tensor] = None,
+                state_layout: int = 0) -> Tuple[Tensor, Tensor]:
+    out, final_state = _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state, state_indices,
+                                      state_layout)
+    if state_indices is not None:  # the copy is read and written in place, as a pool is
+        _launch(q, k, v, g, beta, A_log, dt_bias, out, final_state, final_state, cu_seqlens, lower_bound, scale,
+                gate, check_cu_seqlens, state_indices, final_state_indices, state_layout)
+        return out, final_state
     _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state if output_final_state else None,
-            cu_seqlens, lower_bound, scale, gate, check_cu_seqlens)
+            cu_seqlens, lower_bound, scale, gate, check_cu_seqlens, None, final_state_indices, state_layout)
     return out, final_state
 
 
@@ -78,16 +106,23 @@ _forward_op = torch.library.custom_op("flashkda::forward", mutates_args=())(_for
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, lower_bound, scale, gate,
-                  output_final_state, check_cu_seqlens):
-    return _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state)
+                  output_final_state, check_cu_seqlens, state_indices=None, final_state_indices=None, state_layout=0):
+    return _empty_outputs(q, v, initial_state, cu_seqlens, output_final_state, state_indices, state_layout)
 
 
 def _forward_out_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Tensor, dt_bias: Tensor,
                     initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], out: Tensor,
                     final_state: Optional[Tensor], lower_bound: float, scale: float, gate: int,
-                    check_cu_seqlens: bool) -> None:
+                    check_cu_seqlens: bool, state_indices: Optional[Tensor] = None,
+                    final_state_indices: Optional[Tensor] = None, state_layout: int = 0,
+                    state_in_place: bool = False) -> None:
+    if state_in_place:
+        if initial_state is not None or final_state is None:
+            raise ValueError("state_in_place: final_state is the initial state too; pass it as final_state, "
+                             "and initial_state=None")
+        initial_state = final_state
     _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-            lower_bound, scale, gate, check_cu_seqlens)
+            lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout)
 
 
 _forward_out_op = torch.library.custom_op("flashkda::forward_out", mutates_args=("out", "final_state"))(
@@ -96,7 +131,8 @@ _forward_out_op = torch.library.custom_op("flashkda::forward_out", mutates_args=
 
 @_forward_out_op.register_fake
 def _forward_out_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-                      lower_bound, scale, gate, check_cu_seqlens):
+                      lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
+                      state_layout=0, state_in_place=False):
     return None
 
 
@@ -134,35 +170,53 @@ def _as_tensor(x, name: str):
                         f"pass a torch tensor") from None
 
 
-_FORWARD_NAMES = ("k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out")
+_FORWARD_NAMES = ("k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out",
+                  "state_indices", "final_state_indices")
 _FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state",)
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
-            lower_bound, scale, gate, output_final_state, check_cu_seqlens):
-    """flashkda.forward for torch tensors."""
-    k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out = (
-        _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out),
-                                               _FORWARD_NAMES))
+            lower_bound, scale, gate, output_final_state, check_cu_seqlens,
+            state_indices=None, final_state_indices=None, state_layout=0):
+    """flashkda.forward for torch tensors. With state_indices, initial_state is a pool: updated in
+    place through flashkda::forward_out (which declares it mutated) and returned."""
+    if state_indices is not None:
+        if out is None:
+            check_rank(q, v)  # padding sequences' rows are not written: zeros
+            out = q.new_zeros((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=torch.bfloat16)
+        forward_out(q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, out, initial_state, lower_bound, scale,
+                    gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place=True)
+        return out, initial_state  # the pool itself (of its own framework, updated through a view)
+    k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, _, final_state_indices = (
+        _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
+                                                None, final_state_indices), _FORWARD_NAMES))
     if out is None:
         op = _forward_impl if _plain_eager(q) else torch.ops.flashkda.forward
         out, final_state = op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                              lower_bound, scale, gate, output_final_state, check_cu_seqlens)
+                              lower_bound, scale, gate, output_final_state, check_cu_seqlens,
+                              None, final_state_indices, state_layout)
         return out, (final_state if output_final_state else None)
     final_state = None
     if output_final_state:
-        final_state = q.new_empty(_state_shape(q, v, cu_seqlens), dtype=_state_dtype(initial_state))
+        final_state = q.new_empty(_state_shape(q, v, cu_seqlens, state_layout), dtype=_state_dtype(initial_state))
     forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-                lower_bound, scale, gate, check_cu_seqlens)
+                lower_bound, scale, gate, check_cu_seqlens, None, final_state_indices, state_layout)
     return out, final_state
 
 
 def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-                lower_bound, scale, gate, check_cu_seqlens) -> None:
-    """flashkda.fwd (and forward(out=...)) for torch tensors."""
-    k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state = (
-        _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
-                                                final_state), _FORWARD_OUT_NAMES))
+                lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
+                state_layout=0, state_in_place=False) -> None:
+    """flashkda.fwd (and forward(out=...)) for torch tensors. One tensor given as both
+    initial_state and final_state (a pool updated in place, or states overwritten) goes to the op
+    once, as final_state with state_in_place: under torch.compile the op then mutates that one
+    tensor, instead of reading an input that aliases one it mutates."""
+    if not state_in_place and initial_state is not None and initial_state is final_state:
+        initial_state, state_in_place = None, True
+    k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices, \
+        final_state = (_as_tensor(x, name) for x, name in zip(
+            (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices,
+             final_state), _FORWARD_OUT_NAMES))
     op = _forward_out_impl if _plain_eager(q) else torch.ops.flashkda.forward_out
     op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-       lower_bound, scale, gate, check_cu_seqlens)
+       lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place)
