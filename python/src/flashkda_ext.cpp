@@ -241,15 +241,17 @@ void convert(Converted& c, int i, nb::handle h, uint32_t bf16_views) {
   if (a.ndim() > static_cast<size_t>(flashkda::kMaxDims))
     value_error(std::string(spec.name) + ": expected at most " + std::to_string(flashkda::kMaxDims) + " dimensions, got " + std::to_string(a.ndim()) +
                 " with shape " + shape_str(a));
-  // Dense, row-major: the C++ API takes no strides.
-  if (a.size() > 1) {
+  // Non-contiguous arrays other than q, k, v, g and beta (which may be views of a fused
+  // projection: the C++ API takes their strides) are refused here, in the words users know.
+  if (a.size() > 1 && !flashkda::kTensorArguments[i].strided) {
     int64_t expected = 1;
     for (size_t d = a.ndim(); d-- > 0;) {
       if (a.shape(d) != 1 && a.stride(d) != expected) {
         std::string strides = "[";
         for (size_t j = 0; j < a.ndim(); ++j) strides += (j ? ", " : "") + std::to_string(a.stride(j));
         value_error(std::string(spec.name) + ": expected a contiguous (dense, row-major) tensor, got shape " +
-                    shape_str(a) + " with strides " + strides + "]" + " (in elements); pass a contiguous copy");
+                    shape_str(a) + " with strides " + strides + "]" + " (in elements); pass a contiguous copy "
+                    "(only q, k, v, g and beta may be strided views)");
       }
       expected *= static_cast<int64_t>(a.shape(d));
     }
@@ -267,7 +269,10 @@ void convert(Converted& c, int i, nb::handle h, uint32_t bf16_views) {
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   t.dtype = to_dtype(spec, a.dtype(), bf16_view);
   t.ndim = static_cast<int32_t>(a.ndim());
-  for (size_t d = 0; d < a.ndim(); ++d) t.shape[d] = static_cast<int64_t>(a.shape(d));
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    t.shape[d] = static_cast<int64_t>(a.shape(d));
+    t.strides[d] = static_cast<int64_t>(a.stride(d));  // elements; the C++ validation checks them
+  }
   c.arrays[i] = std::move(a);
 }
 

@@ -311,12 +311,26 @@ def test_empty_cu_seqlens_is_refused(call):
             run_forward(dict(p, cu_seqlens=empty, initial_state=None), output_final_state=True)
 
 
+def test_token_major_views_equal_contiguous_inputs():
+    """k stored head-major ([B, H, T, K]) and viewed as [B, T, H, K]: a strided view the library
+    reads in place, with the contiguous result bit for bit."""
+    p = to_torch(make_problem(T=40, state="float32"))
+    want_out, want_state = run_forward(p, output_final_state=True)
+    strided = dict(p, k=p["k"].transpose(1, 2).contiguous().transpose(1, 2))
+    assert not strided["k"].is_contiguous()
+    out, state = run_forward(strided, output_final_state=True)
+    assert torch.equal(out, want_out) and torch.equal(state, want_state)
+
+
 def test_errors_name_the_argument():
     p = to_torch(make_problem(T=16, state="float32"))
     with pytest.raises(TypeError, match=re.escape("q: expected dtype bfloat16, got float32")):
         run_forward(dict(p, q=p["q"].float()))
-    with pytest.raises(ValueError, match=re.escape("k: expected a contiguous (dense, row-major) tensor")):
-        run_forward(dict(p, k=p["k"].transpose(1, 2).contiguous().transpose(1, 2)))
+    # k with its channels strided (stored [B, T, K, H]): the last dimension must be contiguous
+    with pytest.raises(ValueError, match=re.escape("k: expected the last dimension contiguous (stride 1)")):
+        run_forward(dict(p, k=p["k"].transpose(2, 3).contiguous().transpose(2, 3)))
+    with pytest.raises(ValueError, match=re.escape("A_log: expected a contiguous (dense, row-major) tensor")):
+        run_forward(dict(p, A_log=torch.stack([p["A_log"], p["A_log"]], dim=1)[:, 0]))
     with pytest.raises(ValueError, match=re.escape("gate: expected 'safe' or 'softplus', got 'SAFE'")):
         run_forward(p, gate="SAFE")
     with pytest.raises(ValueError, match=re.escape("stream: torch tensors run on torch.cuda.current_stream()")):

@@ -36,6 +36,7 @@ int64_t Tensor::stride(int i) const {
 }
 
 bool Tensor::dense() const {
+  if (numel() == 0) return true;  // no elements, no layout (frameworks give such tensors any strides)
   int64_t expected = 1;
   for (int d = (ndim < kMaxDims ? ndim : kMaxDims) - 1; d >= 0; --d) {
     if (shape[d] != 1 && stride(d) != expected) return false;

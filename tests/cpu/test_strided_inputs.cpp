@@ -96,6 +96,23 @@ TEST(StridedInputs, FusedProjectionSlicesFixedBatch) {
   expect_strided_equals_contiguous(s);
 }
 
+// A tensor without elements has no layout: frameworks give such tensors arbitrary strides, and an
+// output or a state among them is still "dense".
+TEST(StridedInputs, EmptyTensorsWithAnyStridesAreDense) {
+  ProblemSpec s;
+  s.H = 2;
+  s.B = 2;
+  s.T = 0;
+  s.init = InitState::kNormal;
+  s.seed = 8;
+  RandomProblem rp(s);
+  ForwardArgs a = testing::to_forward_args(rp.problem());
+  const int64_t strides[] = {256, 256, 128, 1};
+  for (int i = 0; i < 4; ++i) a.out.strides[i] = strides[i];
+  EXPECT_NO_THROW(forward(a, nullptr, 0));
+  EXPECT_TRUE(rp.final_f32 == rp.init_f32) << "no tokens: the final state is the initial one";
+}
+
 // ---------------------------------------------------------------------------------------------
 
 class StridedRefusals : public ::testing::Test {
