@@ -1,5 +1,7 @@
 #include "common/random_problem.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -361,6 +363,21 @@ ForwardArgs to_forward_args(const Problem& p) {
   a.scale = p.scale;
   a.gate = p.gate;
   return a;
+}
+
+}  // namespace flashkda::testing
+
+namespace flashkda::testing {
+
+std::string refusal_message(const ForwardArgs& a, ErrorCode code) {
+  try {
+    forward(a, nullptr, 0);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "forward accepted the arguments";
+  return "";
 }
 
 }  // namespace flashkda::testing

@@ -129,4 +129,8 @@ namespace flashkda::testing {
 // state layout and checkpoints included).
 ForwardArgs to_forward_args(const Problem& p);
 
+// The message of the Error that forward(a) on host tensors throws, after checking its code; ""
+// (and a test failure) when it accepts the arguments or throws another code.
+std::string refusal_message(const ForwardArgs& a, ErrorCode code = ErrorCode::kInvalidArgument);
+
 }  // namespace flashkda::testing

@@ -166,13 +166,8 @@ class CheckpointRefusals : public ::testing::Test {
     p_.checkpoint_state = states_.data(), p_.checkpoints = 2;
   }
   void expect_refused(const std::vector<std::string>& what) {
-    try {
-      forward(testing::to_forward_args(p_), nullptr, 0);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      for (const std::string& w : what) EXPECT_THAT(e.what(), HasSubstr(w));
-    }
+    const std::string message = testing::refusal_message(testing::to_forward_args(p_));
+    for (const std::string& w : what) EXPECT_THAT(message, HasSubstr(w));
     for (float x : states_) ASSERT_EQ(x, 0.0f) << "a checkpoint was written";
   }
   std::unique_ptr<RandomProblem> rp_;
@@ -206,12 +201,8 @@ TEST_F(CheckpointRefusals, StatesWithoutOffsets) {
 TEST_F(CheckpointRefusals, StatesOfTheWrongShape) {
   ForwardArgs a = testing::to_forward_args(p_);
   a.checkpoint_state.shape[1] = 3;
-  try {
-    forward(a, nullptr, 0);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("checkpoint_state: expected shape [2, 2, 1, 128, 128] [N, C, H, V, K]"));
-  }
+  EXPECT_THAT(testing::refusal_message(a),
+              HasSubstr("checkpoint_state: expected shape [2, 2, 1, 128, 128] [N, C, H, V, K]"));
 }
 
 }  // namespace

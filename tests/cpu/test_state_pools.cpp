@@ -243,13 +243,8 @@ class PoolRefusals : public ::testing::Test {
   // Refused with kInvalidArgument, a message with `what`, and nothing written.
   void expect_refused(const std::vector<std::string>& what) {
     const std::vector<unsigned char> before = pool_->bytes();
-    try {
-      forward(testing::to_forward_args(p_), nullptr, 0);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      for (const std::string& w : what) EXPECT_THAT(e.what(), HasSubstr(w));
-    }
+    const std::string message = testing::refusal_message(testing::to_forward_args(p_));
+    for (const std::string& w : what) EXPECT_THAT(message, HasSubstr(w));
     EXPECT_TRUE(pool_->bytes() == before) << "the pool was written";
     for (uint16_t x : out_) ASSERT_EQ(x, 0xABCD) << "out was written";
   }
@@ -305,23 +300,13 @@ TEST_F(PoolRefusals, IndicesWithoutAPool) {
 TEST_F(PoolRefusals, PoolOfTheWrongHeadCount) {
   ForwardArgs a = testing::to_forward_args(p_);
   a.initial_state.shape[1] = 2;
-  try {
-    forward(a, nullptr, 0);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("initial_state: expected shape [6, 1, 128, 128] [P, H, V, K]"));
-  }
+  EXPECT_THAT(testing::refusal_message(a), HasSubstr("initial_state: expected shape [6, 1, 128, 128] [P, H, V, K]"));
 }
 
 TEST_F(PoolRefusals, IndicesOfTheWrongLength) {
   ForwardArgs a = testing::to_forward_args(p_);
   a.state_indices.shape[0] = 2;
-  try {
-    forward(a, nullptr, 0);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("state_indices: expected shape [3] [N]"));
-  }
+  EXPECT_THAT(testing::refusal_message(a), HasSubstr("state_indices: expected shape [3] [N]"));
 }
 
 TEST_F(PoolRefusals, UnknownLayout) {

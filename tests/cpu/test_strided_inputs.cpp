@@ -129,13 +129,8 @@ class StridedRefusals : public ::testing::Test {
     a_.q = fused_->view(0);
   }
   void expect_refused(const std::vector<std::string>& what) {
-    try {
-      forward(a_, nullptr, 0);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      for (const std::string& w : what) EXPECT_THAT(e.what(), HasSubstr(w));
-    }
+    const std::string message = testing::refusal_message(a_);
+    for (const std::string& w : what) EXPECT_THAT(message, HasSubstr(w));
   }
   std::unique_ptr<RandomProblem> rp_;
   std::unique_ptr<Fused> fused_;
