@@ -51,6 +51,37 @@ def _refuse_jax_pools(state_indices, *arrays) -> None:
             )
 
 
+def _refuse_jax_checkpoints(checkpoint_state, *arrays) -> None:
+    """A given checkpoint_state is written in place; JAX arrays are immutable, so one of JAX
+    arrays, or one beside JAX inputs, is refused (forward() allocates them instead)."""
+    if checkpoint_state is None:
+        return
+    for x in (checkpoint_state,) + arrays:
+        if x is not None and _frameworks.framework_of(x) == "jax":
+            raise TypeError(
+                "checkpoint_state: it is written in place, and JAX arrays are immutable; for JAX, call "
+                "flashkda.forward(..., checkpoint_offsets=offsets) without checkpoint_state: it returns the "
+                "checkpoint states as a new array"
+            )
+
+
+def _check_workspace(workspace) -> None:
+    """workspace= (fwd): a writable buffer of any framework but JAX's (it is scratch memory,
+    written by the kernels); its size and device are checked where it is used (the CUDA path)."""
+    if workspace is None:
+        return
+    if not _is_array(workspace):
+        raise TypeError(
+            f"workspace: expected a tensor or array (a torch uint8 tensor on q's device, say), "
+            f"got {type(workspace).__name__}"
+        )
+    if _frameworks.framework_of(workspace) == "jax":
+        raise TypeError(
+            "workspace: it is written as scratch memory, and JAX arrays are immutable; pass workspace=None "
+            "(a workspace is then allocated per call)"
+        )
+
+
 def _default_scale(q) -> float:
     shape = _frameworks.shape_of("q", q)
     if len(shape) != 4:
@@ -137,9 +168,12 @@ def forward(
     state_indices=None,
     final_state_indices=None,
     state_layout: str = "vk",
+    checkpoint_offsets=None,
+    checkpoint_state=None,
     stream=None,
 ):
-    """Kimi Delta Attention forward; returns ``(out, final_state)``.
+    """Kimi Delta Attention forward; returns ``(out, final_state)``, or
+    ``(out, final_state, checkpoint_state)`` when ``checkpoint_offsets`` is given.
 
     Args:
         q, k: bfloat16 ``[B, T, H, K]`` queries and keys (L2-normalised inside).
@@ -175,6 +209,21 @@ def forward(
         state_layout: ``"vk"`` (default): states are V-major ``[.., V, K]``; ``"kv"``: K-major
             ``[.., K, V]`` (fla's recurrent layout), for the pool, ``initial_state`` and the
             ``final_state`` allocated here alike. ``"kv"`` runs on the CPU backend only so far.
+        checkpoint_offsets: optional int64 or int32 ``[N, C]``: prefix checkpoints. Entry
+            ``[n, c] = t`` asks for the state of sequence ``n`` after its first ``t`` tokens, equal
+            (bit for bit, on the same backend) to the final state of a prefill of those ``t``
+            tokens from the same initial state. Offsets are multiples of 16, at most the
+            sequence's length, non-decreasing along ``c`` (0 gives the initial state); a negative
+            offset is an unused entry, not written. Bad offsets are refused (``ValueError``,
+            naming ``checkpoint_offsets``). With it the call returns a third value, the
+            checkpoint states. CPU backend only so far (CUDA tensors raise
+            ``NotImplementedError``).
+        checkpoint_state: optional float32 ``[N, C, H, V, K]`` (``[N, C, H, K, V]`` with
+            ``state_layout="kv"``) the checkpoints are written into, in place, and returned as
+            the third value (unused entries keep their values). Without it (and with
+            ``checkpoint_offsets``) the call allocates one in ``q``'s framework, zero-filled, so
+            unused entries are zeros. Only with ``checkpoint_offsets`` (alone it is refused); not
+            for JAX arrays (immutable: ``TypeError``; let the call allocate it instead).
         stream: for CUDA arrays of frameworks other than torch: the stream to run on (an int
             ``cudaStream_t`` or an object with ``.ptr`` / ``.cuda_stream``). Torch tensors always
             run on ``torch.cuda.current_stream()``; use ``with torch.cuda.stream(s):``.
@@ -182,7 +231,10 @@ def forward(
     Returns:
         ``(out, final_state)``, arrays of the caller's framework; ``final_state`` is ``None``
         unless ``output_final_state``. With ``state_indices``, ``final_state`` is the pool
-        itself (``initial_state``, updated in place).
+        itself (``initial_state``, updated in place). With ``checkpoint_offsets``, a 3-tuple
+        ``(out, final_state, checkpoint_state)``: the arity follows whether checkpoints are
+        asked for, never whether the buffer was passed, so calls without checkpoints keep
+        their 2-tuple.
 
     Raises:
         TypeError for a wrong dtype, a non-array argument, a missing (None) required tensor or a
@@ -194,7 +246,7 @@ def forward(
         pass detached tensors. The messages name the argument, the expectation and what was given.
     """
     _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, None, cu_seqlens, state_indices,
-                    final_state_indices), allocated=("out",))
+                    final_state_indices, checkpoint_offsets, checkpoint_state), allocated=("out",))
     gate_id = _gate_id(gate)
     layout = _state_layout_id(state_layout)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
@@ -206,6 +258,7 @@ def forward(
             "(zeros for fresh slots), or flashkda.fwd(..., final_state=pool) to start from zero states"
         )
     _refuse_jax_pools(state_indices, q, initial_state, out)
+    _refuse_jax_checkpoints(checkpoint_state, q, initial_state, out)
     if _is_torch(q):
         if stream is not None:
             raise ValueError(
@@ -215,17 +268,18 @@ def forward(
         return _torch_ops.forward(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
             lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens),
-            state_indices, final_state_indices, layout,
+            state_indices, final_state_indices, layout, checkpoint_offsets, checkpoint_state,
         )
     return _frameworks.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
         lower_bound, scale, gate_id, bool(output_final_state), bool(check_cu_seqlens), stream,
-        state_indices, final_state_indices, layout,
+        state_indices, final_state_indices, layout, checkpoint_offsets, checkpoint_state,
     )
 
 
 def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
-        cu_seqlens=None, *, check_cu_seqlens=True, state_indices=None, final_state_indices=None, state_layout="vk"):
+        cu_seqlens=None, *, check_cu_seqlens=True, state_indices=None, final_state_indices=None, state_layout="vk",
+        checkpoint_state=None, checkpoint_offsets=None, workspace=None):
     """The call of the existing ``flash_kda.fwd``: writes ``out`` (and ``final_state``) in place.
 
     Same arguments and layouts as :func:`forward` (state ``[N, H, V, K]``), given positionally in
@@ -244,22 +298,38 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
     without ``final_state_indices``). Negative indices: padding (the sequence is skipped, its
     ``out`` rows are not written), or, in ``final_state_indices``, no final state written.
     ``state_layout="kv"`` takes K-major states ``[.., K, V]``. See :func:`forward`.
+
+    Prefix checkpoints and a workspace (keyword only; the interface of the ``flash_kda.fwd`` of
+    the FlashKDA fork that vLLM maintains, so engine code can switch):
+    ``checkpoint_offsets`` int64 or int32 ``[N, C]`` and ``checkpoint_state`` float32
+    ``[N, C, H, V, K]`` (``[N, C, H, K, V]`` with ``state_layout="kv"``), both or neither:
+    ``checkpoint_state[n, c]`` is written in place with the state of sequence ``n`` after its
+    first ``checkpoint_offsets[n, c]`` tokens (multiples of 16, at most the sequence's length,
+    non-decreasing along ``c``; negative: unused, left as it was). CPU backend only so far.
+    ``workspace``: a reusable device buffer (a torch uint8 tensor, or any contiguous writable
+    array; its bytes count) used as the CUDA workspace instead of allocating one per call; one
+    too small, on another device or not contiguous is refused (``ValueError`` naming
+    ``workspace``). CPU calls need no workspace and ignore it.
     """
     _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens, state_indices,
-                    final_state_indices))
+                    final_state_indices, checkpoint_offsets, checkpoint_state))
+    _check_workspace(workspace)
     layout = _state_layout_id(state_layout)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
     _refuse_jax_pools(state_indices, q, initial_state, final_state, out)
+    _refuse_jax_checkpoints(checkpoint_state, q, initial_state, final_state, out)
     if _is_torch(q):
         _torch_ops.forward_out(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
             lower_bound, scale, 0, bool(check_cu_seqlens), state_indices, final_state_indices, layout,
+            checkpoint_offsets=checkpoint_offsets, checkpoint_state=checkpoint_state, workspace=workspace,
         )
         return None
     _frameworks.run(
         q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
         lower_bound, scale, 0, bool(check_cu_seqlens), None, state_indices, final_state_indices, layout,
+        checkpoint_offsets, checkpoint_state, workspace,
     )
     return None
 

@@ -142,30 +142,83 @@ class _Allocator:
         )
 
 
+def _dlpack_device(x):
+    """(DLPack device type, id) of an array, or None when it does not say."""
+    try:
+        return tuple(int(d) for d in x.__dlpack_device__())
+    except Exception:  # noqa: BLE001 - no __dlpack_device__, or the exporter refuses
+        return None
+
+
+def _device_str(device) -> str:
+    if device is None:
+        return "an unknown device"
+    kind, index = device
+    return f"cuda:{index}" if kind in (2, 13) else ("cpu" if kind in (1, 3) else f"DLPack device {kind}:{index}")
+
+
+def given_workspace(workspace, q):
+    """The workspace_alloc of _ext.forward for a buffer given by the caller (fwd's workspace=), on
+    the CUDA path: checks that it is on q's device and contiguous, and, when the extension asks for
+    n bytes, that it holds at least n; returns the buffer itself (its bytes count, whatever its
+    dtype). ValueError naming workspace otherwise."""
+    want, got = _dlpack_device(q), _dlpack_device(workspace)
+    if got is None or want is None or got[1] != want[1] or (got[0] in (2, 13)) != (want[0] in (2, 13)):
+        raise ValueError(
+            f"workspace: is on {_device_str(got)} but q is on {_device_str(want)}; pass a buffer on q's device"
+        )
+    flags = getattr(workspace, "flags", None)
+    contiguous = getattr(flags, "c_contiguous", None) if flags is not None else None
+    if contiguous is None:
+        contiguous = len(shape_of("workspace", workspace)) <= 1
+    if not contiguous:
+        raise ValueError("workspace: expected a contiguous buffer (its bytes are used as one block)")
+    nbytes = int(getattr(workspace, "nbytes"))
+
+    def alloc(n):
+        if nbytes < n:
+            raise ValueError(
+                f"workspace: expected at least {n} bytes for this call, got a buffer of {nbytes} bytes; pass a "
+                f"larger one, or workspace=None to allocate one per call"
+            )
+        return workspace
+
+    return alloc
+
+
 def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
         lower_bound, scale, gate, check_cu_seqlens, stream, state_indices=None, final_state_indices=None,
-        state_layout=0):
+        state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None):
     """Runs the extension on arrays of any framework, writing into out and final_state (which may
-    be initial_state itself: a pool updated in place, with state_indices)."""
+    be initial_state itself: a pool updated in place, with state_indices) and checkpoint_state.
+    A given workspace is used on the CUDA path (checked there) and ignored on the CPU."""
     fw = framework_of(q)
     cuda = _is_cuda(fw, q)
     handle = _stream_handle(fw, stream)
     if fw == "jax" and cuda:
         # JAX has no stream to share: wait for the inputs, and (below) for the kernels.
-        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, final_state_indices):
+        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, final_state_indices,
+                  checkpoint_offsets):
             if hasattr(x, "block_until_ready"):
                 x.block_until_ready()
     args, views = _prepare(dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
                                 initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
-                                state_indices=state_indices, final_state_indices=final_state_indices))
-    alloc = _Allocator(q, handle)
+                                state_indices=state_indices, final_state_indices=final_state_indices,
+                                checkpoint_offsets=checkpoint_offsets, checkpoint_state=checkpoint_state))
+    workspace_alloc = None
+    if cuda:
+        if workspace is not None:
+            workspace_alloc = given_workspace(workspace, q)
+        else:
+            alloc = _Allocator(q, handle)
+            workspace_alloc = lambda n: alloc.empty((n,), "uint8")  # noqa: E731
     _ext.forward(
         args["q"], args["k"], args["v"], args["g"], args["beta"], args["A_log"], args["dt_bias"], args["out"],
         args["initial_state"], args["final_state"], args["cu_seqlens"],
-        lower_bound, scale, gate, check_cu_seqlens, handle,
-        (lambda n: alloc.empty((n,), "uint8")) if cuda else None, views,
+        lower_bound, scale, gate, check_cu_seqlens, handle, workspace_alloc, views,
         state_indices=args["state_indices"], final_state_indices=args["final_state_indices"],
-        state_layout=state_layout,
+        state_layout=state_layout, checkpoint_offsets=args["checkpoint_offsets"],
+        checkpoint_state=args["checkpoint_state"],
     )
     if fw == "jax" and cuda:
         _ext.stream_synchronize(handle)
@@ -199,11 +252,24 @@ def _output_shapes(q, v, cu_seqlens, state_layout=0):
     return (B, T, H, V), ((N, H, K, V) if state_layout == 1 else (N, H, V, K))
 
 
+def checkpoint_shape(state_shape, checkpoint_offsets):
+    """The checkpoint states' shape [N, C, H, V, K] (or K-major) for a final state's [N, H, ., .]
+    and offsets [N, C]. Offsets of another rank get a placeholder (0,): the C++ validation then
+    refuses the offsets themselves, naming them (it checks them before the states)."""
+    offsets_shape = shape_of("checkpoint_offsets", checkpoint_offsets)
+    if len(offsets_shape) != 2:
+        return (0,)
+    return (state_shape[0], offsets_shape[1]) + tuple(state_shape[1:])
+
+
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
             lower_bound, scale, gate, output_final_state, check_cu_seqlens, stream,
-            state_indices=None, final_state_indices=None, state_layout=0):
+            state_indices=None, final_state_indices=None, state_layout=0, checkpoint_offsets=None,
+            checkpoint_state=None):
     """flashkda.forward for arrays that are not torch tensors. With state_indices, initial_state
-    is a pool, updated in place and returned as the final state (the API checked it is given)."""
+    is a pool, updated in place and returned as the final state (the API checked it is given).
+    With checkpoint_offsets, returns (out, final_state, checkpoint_state), allocating the last
+    (zero-filled float32) when not given."""
     out_shape, state_shape = _output_shapes(q, v, cu_seqlens, state_layout)
     alloc = _Allocator(q, _stream_handle(framework_of(q), stream))
     pools = state_indices is not None
@@ -214,6 +280,10 @@ def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
         final_state = initial_state
     elif output_final_state:
         final_state = alloc.empty(state_shape, initial_state.dtype if initial_state is not None else "float32")
+    checkpoints = checkpoint_offsets is not None
+    if checkpoints and checkpoint_state is None:  # unused entries (negative offsets) stay zeros
+        checkpoint_state = alloc.empty(checkpoint_shape(state_shape, checkpoint_offsets), "float32", zeros=True)
     run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-        lower_bound, scale, gate, check_cu_seqlens, stream, state_indices, final_state_indices, state_layout)
-    return out, final_state
+        lower_bound, scale, gate, check_cu_seqlens, stream, state_indices, final_state_indices, state_layout,
+        checkpoint_offsets, checkpoint_state)
+    return (out, final_state, checkpoint_state) if checkpoints else (out, final_state)

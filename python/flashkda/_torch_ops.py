@@ -10,7 +10,12 @@
 
 Both take the state pool arguments (state_indices, final_state_indices: optional [N] int64 or
 int32) and state_layout (0: V-major [.., V, K], 1: K-major [.., K, V]) after the others, with
-defaults, so calls without them are unchanged.
+defaults, so calls without them are unchanged. forward_out also takes, last, with defaults None:
+checkpoint_offsets ([N, C] int64 or int32), checkpoint_state ([N, C, H, V, K] float32, written:
+declared mutated) and workspace (a caller's reusable CUDA workspace, any dtype, its bytes count;
+written: declared mutated; ignored on the CPU). Prefix checkpoints go through forward_out only:
+the functional op's outputs stay (out, final_state), and flashkda.forward(checkpoint_offsets=...)
+allocates the checkpoint states itself (zeros) and calls forward_out, as it does for pools.
 
 Both have fake (meta) implementations, which take fake and meta tensors. The real ones pass the
 tensors to the extension through DLPack (no copies; a meta tensor has no data, and the extension
@@ -34,20 +39,50 @@ def _detach(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach()
 
 
+def _given_workspace(workspace: Tensor, device: torch.device):
+    """The extension's workspace_alloc for the caller's buffer (fwd's workspace=): checks its device
+    and contiguity now, its size when the extension asks for n bytes, and returns the first n
+    bytes of it (a uint8 view). ValueError naming workspace otherwise."""
+    if workspace.device != device:
+        raise ValueError(f"workspace: is on {workspace.device} but q is on {device}; pass a buffer on q's device")
+    if not workspace.is_contiguous():
+        raise ValueError("workspace: expected a contiguous tensor (its bytes are used as one block)")
+    flat = workspace.detach().reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8) if flat.numel() else flat.new_empty((0,), dtype=torch.uint8)
+    nbytes = flat.numel()
+
+    def alloc(n):
+        if nbytes < n:
+            raise ValueError(
+                f"workspace: expected at least {n} bytes for this call, got a buffer of {nbytes} bytes "
+                f"({workspace.dtype} {list(workspace.shape)}); pass a larger one, or workspace=None to allocate "
+                f"one per call"
+            )
+        return flat[:n]
+
+    return alloc
+
+
 def _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
             lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
-            state_layout=0) -> None:
+            state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None) -> None:
     tensors = [_detach(t) for t in (q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens)]
-    pools = dict(state_indices=_detach(state_indices), final_state_indices=_detach(final_state_indices),
-                 state_layout=state_layout)
+    extra = dict(state_indices=_detach(state_indices), final_state_indices=_detach(final_state_indices),
+                 state_layout=state_layout, checkpoint_offsets=_detach(checkpoint_offsets),
+                 checkpoint_state=_detach(checkpoint_state))
     device = q.device
-    if device.type != "cuda":
-        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, 0, None, 0, **pools)
+    if device.type != "cuda":  # the CPU backend needs no workspace: a given one is ignored
+        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, 0, None, 0, **extra)
         return
+    if workspace is not None:
+        workspace_alloc = _given_workspace(workspace, device)
+    else:
+        def workspace_alloc(n):
+            return torch.empty(n, dtype=torch.uint8, device=device)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
-        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, stream,
-                     lambda n: torch.empty(n, dtype=torch.uint8, device=device), 0, **pools)
+        _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, stream, workspace_alloc, 0, **extra)
 
 
 def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], state_layout: int = 0):
@@ -61,6 +96,15 @@ def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], state_layou
     if state_layout == 1:  # K-major [N, H, K, V]
         return (N, q.shape[2], q.shape[3], v.shape[3])
     return (N, q.shape[2], v.shape[3], q.shape[3])
+
+
+def _checkpoint_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], checkpoint_offsets, state_layout: int = 0):
+    """[N, C, H, V, K] (or K-major) for offsets [N, C]; offsets of another rank get a placeholder
+    (0,), and the C++ validation's error about the offsets themselves at the call."""
+    if len(checkpoint_offsets.shape) != 2:
+        return (0,)
+    state = _state_shape(q, v, cu_seqlens, state_layout)
+    return (state[0], checkpoint_offsets.shape[1]) + tuple(state[1:])
 
 
 def _state_dtype(initial_state: Optional[Tensor]) -> torch.dtype:
@@ -115,24 +159,27 @@ def _forward_out_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                     final_state: Optional[Tensor], lower_bound: float, scale: float, gate: int,
                     check_cu_seqlens: bool, state_indices: Optional[Tensor] = None,
                     final_state_indices: Optional[Tensor] = None, state_layout: int = 0,
-                    state_in_place: bool = False) -> None:
+                    state_in_place: bool = False, checkpoint_offsets: Optional[Tensor] = None,
+                    checkpoint_state: Optional[Tensor] = None, workspace: Optional[Tensor] = None) -> None:
     if state_in_place:
         if initial_state is not None or final_state is None:
             raise ValueError("state_in_place: final_state is the initial state too; pass it as final_state, "
                              "and initial_state=None")
         initial_state = final_state
     _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-            lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout)
+            lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout,
+            checkpoint_offsets, checkpoint_state, workspace)
 
 
-_forward_out_op = torch.library.custom_op("flashkda::forward_out", mutates_args=("out", "final_state"))(
-    _forward_out_impl)
+_forward_out_op = torch.library.custom_op(
+    "flashkda::forward_out", mutates_args=("out", "final_state", "checkpoint_state", "workspace"))(_forward_out_impl)
 
 
 @_forward_out_op.register_fake
 def _forward_out_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
                       lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
-                      state_layout=0, state_in_place=False):
+                      state_layout=0, state_in_place=False, checkpoint_offsets=None, checkpoint_state=None,
+                      workspace=None):
     return None
 
 
@@ -165,48 +212,67 @@ def _as_tensor(x, name: str):
                 return torch.from_numpy(np.asarray(x))
             except Exception:  # noqa: BLE001
                 pass
-        _ext.check_array(_ext.ARG_NAMES.index(name), x)  # raises the extension's error, naming the argument
+        if name in _ext.ARG_NAMES:  # workspace is not one of the C++ arguments
+            _ext.check_array(_ext.ARG_NAMES.index(name), x)  # raises the extension's error, naming the argument
         raise TypeError(f"{name}: torch cannot import this {type(x).__name__} beside torch tensors ({e}); "
                         f"pass a torch tensor") from None
 
 
 _FORWARD_NAMES = ("k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out",
                   "state_indices", "final_state_indices")
-_FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state",)
+_FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state", "checkpoint_offsets", "checkpoint_state", "workspace")
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
             lower_bound, scale, gate, output_final_state, check_cu_seqlens,
-            state_indices=None, final_state_indices=None, state_layout=0):
+            state_indices=None, final_state_indices=None, state_layout=0, checkpoint_offsets=None,
+            checkpoint_state=None):
     """flashkda.forward for torch tensors. With state_indices, initial_state is a pool: updated in
-    place through flashkda::forward_out (which declares it mutated) and returned."""
+    place through flashkda::forward_out (which declares it mutated) and returned. With
+    checkpoint_offsets, returns (out, final_state, checkpoint_state): the checkpoint states (given,
+    or allocated here, zero-filled) are written through flashkda::forward_out too."""
+    checkpoints = checkpoint_offsets is not None
+    if checkpoints and checkpoint_state is None:
+        cu_seqlens = _as_tensor(cu_seqlens, "cu_seqlens")  # its shape gives N (it may be another framework's)
+        checkpoint_state = q.new_zeros(_checkpoint_shape(q, v, cu_seqlens, checkpoint_offsets, state_layout),
+                                       dtype=torch.float32)  # unused entries (negative offsets) stay zeros
+    ckpt = dict(checkpoint_offsets=checkpoint_offsets, checkpoint_state=checkpoint_state)
+
+    def result(out, final_state):
+        return (out, final_state, checkpoint_state) if checkpoints else (out, final_state)
+
     if state_indices is not None:
         if out is None:
             check_rank(q, v)  # padding sequences' rows are not written: zeros
             out = q.new_zeros((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=torch.bfloat16)
         forward_out(q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, out, initial_state, lower_bound, scale,
-                    gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place=True)
-        return out, initial_state  # the pool itself (of its own framework, updated through a view)
+                    gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place=True,
+                    **ckpt)
+        return result(out, initial_state)  # the pool itself (of its own framework, updated through a view)
     k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, _, final_state_indices = (
         _as_tensor(x, name) for x, name in zip((k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
                                                 None, final_state_indices), _FORWARD_NAMES))
-    if out is None:
+    if out is None and checkpoint_state is None:
         op = _forward_impl if _plain_eager(q) else torch.ops.flashkda.forward
         out, final_state = op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                               lower_bound, scale, gate, output_final_state, check_cu_seqlens,
                               None, final_state_indices, state_layout)
         return out, (final_state if output_final_state else None)
+    if out is None:
+        check_rank(q, v)
+        out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=torch.bfloat16)
     final_state = None
     if output_final_state:
         final_state = q.new_empty(_state_shape(q, v, cu_seqlens, state_layout), dtype=_state_dtype(initial_state))
     forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-                lower_bound, scale, gate, check_cu_seqlens, None, final_state_indices, state_layout)
-    return out, final_state
+                lower_bound, scale, gate, check_cu_seqlens, None, final_state_indices, state_layout, **ckpt)
+    return result(out, final_state)
 
 
 def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
                 lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
-                state_layout=0, state_in_place=False) -> None:
+                state_layout=0, state_in_place=False, checkpoint_offsets=None, checkpoint_state=None,
+                workspace=None) -> None:
     """flashkda.fwd (and forward(out=...)) for torch tensors. One tensor given as both
     initial_state and final_state (a pool updated in place, or states overwritten) goes to the op
     once, as final_state with state_in_place: under torch.compile the op then mutates that one
@@ -214,9 +280,10 @@ def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out
     if not state_in_place and initial_state is not None and initial_state is final_state:
         initial_state, state_in_place = None, True
     k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices, \
-        final_state = (_as_tensor(x, name) for x, name in zip(
+        final_state, checkpoint_offsets, checkpoint_state, workspace = (_as_tensor(x, name) for x, name in zip(
             (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices,
-             final_state), _FORWARD_OUT_NAMES))
+             final_state, checkpoint_offsets, checkpoint_state, workspace), _FORWARD_OUT_NAMES))
     op = _forward_out_impl if _plain_eager(q) else torch.ops.flashkda.forward_out
     op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-       lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place)
+       lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place,
+       checkpoint_offsets, checkpoint_state, workspace)
