@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/random_problem.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/oracle.h"
@@ -275,6 +276,43 @@ TEST(CpuBackend, Throughput) {
   // Measured 291,000 on 2 cores (bench/results/cpu.md); a fifth of it still flags a backend that
   // lost its vectorisation or threads, with room for a busy CI machine.
   EXPECT_GT(th, 50000.0) << "the CPU backend is far slower than measured";
+}
+
+// The softplus gate with Kimi-Linear-like parameters (A_log in [-1, 2.7], g + dt_bias up to +-30):
+// per-token log-decays from ~0 to below -400, whole chunks of near-zero decay and of decay that
+// wipes the state, next to each other. Within the bar, finite everywhere.
+TEST(CpuBackend, SoftplusGateExtremeDecays) {
+  ProblemSpec s;
+  s.H = 4;
+  s.seqlens = {200, 64, 33};
+  s.gate = Gate::kSoftplus;
+  s.init = InitState::kNormal;
+  s.seed = 88;
+  RandomProblem rp(s);
+  std::mt19937_64 rng(88);
+  std::uniform_real_distribution<float> a_log(-1.0f, 2.7f), wide(-30.0f, 30.0f);
+  for (float& x : rp.A_log) x = a_log(rng);
+  for (float& x : rp.dt_bias) x = 0.0f;
+  const int64_t H = s.H, K = s.K, T = rp.problem().total_tokens;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t c = 0; c < K; ++c) {
+        // chunk by chunk: near-zero decay (g = -30), strong decay (g = +30), or mixed
+        const int64_t chunk = t / 16;
+        const float g = chunk % 3 == 0 ? -30.0f : chunk % 3 == 1 ? 30.0f : wide(rng);
+        rp.g[static_cast<size_t>((t * H + h) * K + c)] = float_to_bf16(g);
+      }
+  const Problem& p = rp.problem();
+  std::vector<double> ref_out(rp.out_size()), ref_state(rp.state_size());
+  oracle_forward(p, ref_out.data(), ref_state.data());
+  cpu_forward(p);
+  EXPECT_TRUE(all_finite(rp.out(), rp.out_size()));
+  EXPECT_TRUE(all_finite(p.final_state, p.final_state_dtype, rp.state_size()));
+  const double eo = rel_error(ref_out.data(), rp.out(), rp.out_size());
+  const double es = rel_error(ref_state.data(), p.final_state, p.final_state_dtype, rp.state_size());
+  EXPECT_LE(eo, kBar);
+  EXPECT_LE(es, kBar);
+  std::printf("  softplus, extreme decays: out %.3e  final %.3e\n", eo, es);
 }
 
 // A NaN or Inf planted in any input propagates as in the oracle (docs/contract.md): every
