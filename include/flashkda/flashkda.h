@@ -100,6 +100,12 @@ struct ForwardArgs {
   // (its checkpoint is not written). Written on the way, in the state layout.
   Tensor checkpoint_offsets;   // [N, C] i64 or i32
   Tensor checkpoint_state;     // [N, C, H, V, K] f32, written
+  // Per-token states (speculative verify, as the Triton decode kernel writes draft states;
+  // optional, with state_indices; the CPU backend so far): the state after token t of sequence n
+  // goes to slot token_state_indices[n, t] of final_state (a pool); a negative entry is not
+  // written. The sequences' final states are then written only where final_state_indices says.
+  // Each sequence has at most T_max tokens.
+  Tensor token_state_indices;  // [N, T_max] i64 or i32
   float lower_bound = -5.0f;  // safe gate only, in [-5, 0)
   float scale = 0.0f;         // output scale, usually K^-0.5; must be finite and > 0
   Gate gate = Gate::kSafe;

@@ -45,6 +45,8 @@ typedef struct flashkda_forward_args {
   int32_t state_layout;  /* FLASHKDA_STATE_LAYOUT_* */
   /* Prefix checkpoints (see ForwardArgs): optional, zero-initialise when unused. */
   flashkda_tensor checkpoint_offsets, checkpoint_state;
+  /* Per-token states (see ForwardArgs): optional, zero-initialise when unused. */
+  flashkda_tensor token_state_indices;
 } flashkda_forward_args;
 
 int flashkda_forward_workspace_size(const flashkda_forward_args* args, size_t* bytes);

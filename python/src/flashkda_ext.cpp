@@ -45,7 +45,7 @@ using flashkda::ErrorCode;
 // buffer protocol).
 enum ArgIndex : int {
   kQ, kK, kV, kG, kBeta, kALog, kDtBias, kOut, kInitialState, kFinalState, kCuSeqlens, kStateIndices,
-  kFinalStateIndices, kCheckpointOffsets, kCheckpointState, kNumArgs
+  kFinalStateIndices, kCheckpointOffsets, kCheckpointState, kTokenStateIndices, kNumArgs
 };
 static_assert(kNumArgs == flashkda::kNumTensorArguments, "one index per argument of the table");
 
@@ -53,7 +53,8 @@ constexpr bool same_name(const char* a, const char* b) { return *a == *b && (*a 
 static_assert(same_name(flashkda::kTensorArguments[kQ].name, "q") && same_name(flashkda::kTensorArguments[kOut].name, "out") &&
                   same_name(flashkda::kTensorArguments[kCuSeqlens].name, "cu_seqlens") &&
                   same_name(flashkda::kTensorArguments[kFinalStateIndices].name, "final_state_indices") &&
-                  same_name(flashkda::kTensorArguments[kCheckpointState].name, "checkpoint_state"),
+                  same_name(flashkda::kTensorArguments[kCheckpointState].name, "checkpoint_state") &&
+                  same_name(flashkda::kTensorArguments[kTokenStateIndices].name, "token_state_indices"),
               "ArgIndex follows the table's order");
 
 // What the binding needs of an argument: its name, its dtypes in the validation's words, and
@@ -71,7 +72,7 @@ constexpr ArgSpec spec_of(int i) {
 
 constexpr ArgSpec kArgs[kNumArgs] = {spec_of(0), spec_of(1), spec_of(2), spec_of(3), spec_of(4), spec_of(5),
                                      spec_of(6), spec_of(7), spec_of(8), spec_of(9), spec_of(10), spec_of(11),
-                                     spec_of(12), spec_of(13), spec_of(14)};
+                                     spec_of(12), spec_of(13), spec_of(14), spec_of(15)};
 
 // Where a tensor lives, from its DLPack device.
 struct Place {
@@ -322,10 +323,11 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
              nb::handle cu_seqlens, float lower_bound, float scale, int gate, bool check_cu_seqlens,
              uintptr_t stream, nb::object workspace_alloc, uint32_t bf16_views, nb::handle state_indices,
              nb::handle final_state_indices, int state_layout, nb::handle checkpoint_offsets,
-             nb::handle checkpoint_state) {
+             nb::handle checkpoint_state, nb::handle token_state_indices) {
   Converted c;
   const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
-                                        state_indices, final_state_indices, checkpoint_offsets, checkpoint_state};
+                                        state_indices, final_state_indices, checkpoint_offsets, checkpoint_state,
+                                        token_state_indices};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   const flashkda::ForwardArgs args = make_args(c, lower_bound, scale, gate, check_cu_seqlens, state_layout);
 
@@ -398,7 +400,7 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                          float scale, int gate, uint32_t bf16_views, nb::handle state_indices, int state_layout) {
   Converted c;
   const nb::handle handles[kNumArgs] = {q, k, v, g, beta, A_log, dt_bias, nb::none(), initial_state, nb::none(),
-                                        cu_seqlens, state_indices, nb::none(), nb::none(), nb::none()};
+                                        cu_seqlens, state_indices, nb::none(), nb::none(), nb::none(), nb::none()};
   for (int i = 0; i < kNumArgs; ++i) convert(c, i, handles[i], bf16_views);
   if (c.place.cuda) value_error(std::string(c.first) + ": the oracle reads host memory; pass CPU tensors");
 
@@ -415,7 +417,7 @@ nb::tuple oracle_forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
   const flashkda::Problem checked = flashkda::validate_forward(make_args(c, lower_bound, scale, gate, true, state_layout));
   if (checked.cu_seqlens)
     flashkda::validate_sequence_offsets(flashkda::host_sequence_offsets(checked), checked.total_tokens);
-  flashkda::validate_state_slots(checked);  // every index inside the pool the oracle reads
+  flashkda::validate_state_slots(checked, flashkda::host_sequence_offsets(checked));  // indices inside the pool
 
   const size_t B = checked.B, T = checked.T, H = checked.H, K = checked.K, V = checked.V, N = checked.N;
   // The oracle ignores out / final_state's dtypes: point both at the fp64 buffers (large enough
@@ -479,6 +481,7 @@ NB_MODULE(_ext, m) {
         nb::arg("bf16_views"), nb::arg("state_indices").none() = nb::none(),
         nb::arg("final_state_indices").none() = nb::none(), nb::arg("state_layout") = 0,
         nb::arg("checkpoint_offsets").none() = nb::none(), nb::arg("checkpoint_state").none() = nb::none(),
+        nb::arg("token_state_indices").none() = nb::none(),
         "Runs flashkda::forward on tensors given through DLPack / the buffer protocol (no copies).");
   m.def("oracle_forward", &oracle_forward, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("g").none(), nb::arg("beta").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),

@@ -300,7 +300,7 @@ def _refusal_setup(fw):
 
 @pytest.mark.parametrize("idx, fidx, message", [
     ([0, 8, 1, 2], None, "state_indices: state_indices[1] = 8 is outside initial_state's pool of 8 slots"),
-    ([1, 2, 1, 4], None, "state_indices: sequences 0 and 2 both write slot 1; each slot may take one final state"),
+    ([1, 2, 1, 4], None, "state_indices: sequences 0 and 2 both write slot 1; each slot may take one state"),
     ([0, 1, 2, 3], [4, 5, 4, 6], "final_state_indices: sequences 0 and 2 both write slot 4"),
     ([0, 1, 2, 3], [4, 9, 5, 6], "final_state_indices: final_state_indices[1] = 9 is outside final_state's pool"),
     ([0, 1, 2, 3], [1, 4, 5, 6], "final_state_indices: sequence 0 writes slot 1, which sequence 1 starts from in "

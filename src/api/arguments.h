@@ -52,6 +52,8 @@ inline constexpr TensorArgument kTensorArguments[] = {
      false, {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N, C]"},
     {"checkpoint_state", &ForwardArgs::checkpoint_state, &flashkda_forward_args::checkpoint_state, false, true,
      {DType::kF32}, 1, "float32", "[N, C, H, V, K]"},
+    {"token_state_indices", &ForwardArgs::token_state_indices, &flashkda_forward_args::token_state_indices, false,
+     false, {DType::kI64, DType::kI32}, 2, "int64 or int32", "[N, T_max]"},
 };
 inline constexpr int kNumTensorArguments = static_cast<int>(std::size(kTensorArguments));
 

@@ -61,6 +61,9 @@ gpu::PrefillPlan cuda_plan(const Problem& p) {
     if (!rows.dense)
       fail(ErrorCode::kUnsupported, name, ": strided views are not supported on the CUDA path yet; pass a contiguous "
            "tensor, or host tensors for the CPU backend");
+  if (p.token_state_indices)
+    fail(ErrorCode::kUnsupported, "token_state_indices: per-token states are not supported on the CUDA path yet; "
+         "pass host tensors for the CPU backend");
   if (p.checkpoint_offsets)
     fail(ErrorCode::kUnsupported, "checkpoint_offsets: prefix checkpoints are not supported on the CUDA path yet; "
          "pass host tensors for the CPU backend");
@@ -84,7 +87,7 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
   if (locate_all(args) == Backend::kCpu) {
     const std::vector<int64_t> offsets = host_sequence_offsets(p);
     if (p.cu_seqlens) validate_sequence_offsets(offsets, p.total_tokens);
-    validate_state_slots(p);
+    validate_state_slots(p, offsets);
     validate_checkpoint_offsets(p, offsets);
     cpu_forward(p);
     return;

@@ -250,6 +250,16 @@ Problem validate_forward(const ForwardArgs& a) {
       fail(ErrorCode::kInvalidArgument, "state_indices: given without initial_state or final_state: there is no pool "
            "to index");
   }
+  int64_t token_state_columns = 0;
+  if (a.token_state_indices.given()) {
+    if (!pools || !a.final_state.given())
+      fail(ErrorCode::kInvalidArgument, "token_state_indices: per-token states go to slots of a final_state pool; "
+           "pass state_indices [N] and final_state [P, H, V, K] too");
+    check_ndim("token_state_indices", a.token_state_indices, 2, "[N, T_max]");
+    token_state_columns = a.token_state_indices.shape[1];
+    check_tensor("token_state_indices", a.token_state_indices, {N, token_state_columns}, "[N, T_max]",
+                 dtype_size(a.token_state_indices.dtype));
+  }
   const char* state_layout = pools ? (k_major ? "[P, H, K, V]" : "[P, H, V, K]") : (k_major ? "[N, H, K, V]" : "[N, H, V, K]");
   auto check_state = [&](const char* name, const Tensor& t) {
     const int64_t slots = pools ? (t.ndim == 4 ? t.shape[0] : 0) : N;
@@ -320,6 +330,9 @@ Problem validate_forward(const ForwardArgs& a) {
   p.checkpoint_offsets_dtype = a.checkpoint_offsets.dtype;
   p.checkpoint_state = static_cast<float*>(a.checkpoint_state.data);
   p.checkpoints = checkpoints;
+  p.token_state_indices = a.token_state_indices.data;
+  p.token_state_indices_dtype = a.token_state_indices.dtype;
+  p.token_state_columns = token_state_columns;
   p.final_slots = a.final_state.given() ? a.final_state.shape[0] : 0;
   p.out = static_cast<uint16_t*>(a.out.data);
   p.lower_bound = a.lower_bound;
@@ -340,11 +353,22 @@ void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t tota
          "] to equal the number of tokens T = ", total_tokens, ", got ", offsets.back());
 }
 
-void validate_state_slots(const Problem& p) {
+void validate_state_slots(const Problem& p, const std::vector<int64_t>& offsets) {
   if (!p.state_indices) return;
   const StateSlots slots(p);
-  // The sequence that writes each final slot, -1 for none.
+  // The sequence that writes each slot of final_state, -1 for none.
   std::vector<int64_t> writer(static_cast<size_t>(p.final_state ? p.final_slots : 0), -1);
+  auto claim = [&](const char* name, const std::string& entry, int64_t slot, int64_t n) {
+    if (slot >= p.final_slots)
+      fail(ErrorCode::kInvalidArgument, name, ": ", entry, " = ", slot, " is outside final_state's pool of ",
+           p.final_slots, " slots");
+    if (writer[slot] >= 0)
+      fail(ErrorCode::kInvalidArgument, name, ": ", writer[slot] == n ? "sequence " + std::to_string(n) + " writes slot "
+                                                                       : "sequences " + std::to_string(writer[slot]) +
+                                                                             " and " + std::to_string(n) + " both write slot ",
+           slot, writer[slot] == n ? " twice" : "", "; each slot may take one state a call");
+    writer[slot] = n;
+  };
   for (int64_t n = 0; n < p.N; ++n) {
     const int64_t s = slots.initial(n);
     if (s < 0) continue;  // padding
@@ -352,25 +376,29 @@ void validate_state_slots(const Problem& p) {
       fail(ErrorCode::kInvalidArgument, "state_indices: state_indices[", n, "] = ", s, " is outside initial_state's pool of ",
            p.initial_slots, " slots");
     if (!p.final_state) continue;
+    if (p.token_state_indices) {
+      const int64_t length = offsets[n + 1] - offsets[n];
+      if (length > p.token_state_columns)
+        fail(ErrorCode::kInvalidArgument, "token_state_indices: sequence ", n, " has ", length, " tokens, more than its ",
+             p.token_state_columns, " columns");
+      for (int64_t t = 0; t < length; ++t)
+        if (const int64_t slot = slots.token(n, t); slot >= 0)
+          claim("token_state_indices", "token_state_indices[" + std::to_string(n) + ", " + std::to_string(t) + "]", slot, n);
+    }
     const int64_t f = slots.final(n);
     if (f < 0) continue;  // not written
     const char* name = p.final_state_indices ? "final_state_indices" : "state_indices";
-    if (f >= p.final_slots)
-      fail(ErrorCode::kInvalidArgument, name, ": ", name, "[", n, "] = ", f, " is outside final_state's pool of ",
-           p.final_slots, " slots");
-    if (writer[f] >= 0)
-      fail(ErrorCode::kInvalidArgument, name, ": sequences ", writer[f], " and ", n, " both write slot ", f,
-           "; each slot may take one final state a call");
-    writer[f] = n;
+    claim(name, std::string(name) + "[" + std::to_string(n) + "]", f, n);
   }
   // One buffer for both pools: a slot written by one sequence may not be another's start.
   if (!p.initial_state || p.initial_state != p.final_state) return;
   for (int64_t n = 0; n < p.N; ++n) {
     const int64_t s = slots.initial(n);
     if (s >= 0 && s < p.final_slots && writer[s] >= 0 && writer[s] != n)
-      fail(ErrorCode::kInvalidArgument, "final_state_indices: sequence ", writer[s], " writes slot ", s,
-           ", which sequence ", n, " starts from in the same buffer: the result would depend on the order; "
-           "write to other slots, or use separate pools");
+      fail(ErrorCode::kInvalidArgument, p.token_state_indices ? "token_state_indices" : "final_state_indices",
+           ": sequence ", writer[s], " writes slot ", s, ", which sequence ", n,
+           " starts from in the same buffer: the result would depend on the order; write to other slots, or use "
+           "separate pools");
   }
 }
 

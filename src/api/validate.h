@@ -29,9 +29,10 @@ Problem validate_forward(const ForwardArgs& args);
 // non-decreasing, end at total_tokens.
 void validate_sequence_offsets(const std::vector<int64_t>& offsets, int64_t total_tokens);
 
-// Checks host-readable state indices: every slot inside its pool, no slot written twice, and no
-// slot written by one sequence and read by another from the same buffer.
-void validate_state_slots(const Problem& p);
+// Checks host-readable state indices (offsets: the sequences' token offsets): every slot inside
+// its pool, no slot written twice, no slot written by one sequence and read by another from the
+// same buffer, and per-token indices for every token.
+void validate_state_slots(const Problem& p, const std::vector<int64_t>& offsets);
 
 // Checks host-readable checkpoint offsets against the sequences' token offsets: multiples of 16,
 // within the sequence, non-decreasing (negative entries are unused).

@@ -45,6 +45,9 @@ struct Problem {
   DType checkpoint_offsets_dtype = DType::kI64;
   float* checkpoint_state = nullptr;          // [N, C, H, V, K] (state layout), with checkpoint_offsets
   int64_t checkpoints = 0;                    // C
+  const void* token_state_indices = nullptr;  // [N, T_max], optional (with state_indices)
+  DType token_state_indices_dtype = DType::kI64;
+  int64_t token_state_columns = 0;            // T_max
   uint16_t* out = nullptr;         // [B*T, H, V] bf16 bits
   RowStrides q_rows, k_rows, v_rows, g_rows, beta_rows;  // of q, k, v, g, beta (out is dense)
 
@@ -71,8 +74,11 @@ struct StateSlots {
   explicit StateSlots(const Problem& p);
   // The slot sequence n starts from (n without indices); negative: padding, skip the sequence.
   int64_t initial(int64_t n) const;
-  // The slot its final state goes to (final_state_indices, else initial(n)); negative: none.
+  // The slot its final state goes to: final_state_indices[n], else initial(n) (none with
+  // per-token states and no final_state_indices); negative: none.
   int64_t final(int64_t n) const;
+  // The slot the state after token t (0-based in the sequence) goes to; negative: none.
+  int64_t token(int64_t n, int64_t t) const;
   // Element (v, k) of head h of slot `slot` in a state tensor.
   int64_t element(int64_t slot, int64_t h, int64_t v, int64_t k) const {
     const int64_t base = (slot * H + h) * V * K;
@@ -85,6 +91,9 @@ struct StateSlots {
   DType indices_dtype;
   const void* final_indices;
   DType final_indices_dtype;
+  const void* token_indices;
+  DType token_indices_dtype;
+  int64_t token_columns;
 };
 
 }  // namespace flashkda

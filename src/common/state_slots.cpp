@@ -17,7 +17,10 @@ StateSlots::StateSlots(const Problem& p)
       indices(p.state_indices),
       indices_dtype(p.state_indices_dtype),
       final_indices(p.final_state_indices),
-      final_indices_dtype(p.final_state_indices_dtype) {}
+      final_indices_dtype(p.final_state_indices_dtype),
+      token_indices(p.token_state_indices),
+      token_indices_dtype(p.token_state_indices_dtype),
+      token_columns(p.token_state_columns) {}
 
 int64_t host_checkpoint_offset(const Problem& p, int64_t n, int64_t c) {
   return index_at(p.checkpoint_offsets, p.checkpoint_offsets_dtype, n * p.checkpoints + c);
@@ -26,7 +29,12 @@ int64_t host_checkpoint_offset(const Problem& p, int64_t n, int64_t c) {
 int64_t StateSlots::initial(int64_t n) const { return indices ? index_at(indices, indices_dtype, n) : n; }
 
 int64_t StateSlots::final(int64_t n) const {
-  return final_indices ? index_at(final_indices, final_indices_dtype, n) : initial(n);
+  if (final_indices) return index_at(final_indices, final_indices_dtype, n);
+  return token_indices ? -1 : initial(n);
+}
+
+int64_t StateSlots::token(int64_t n, int64_t t) const {
+  return token_indices ? index_at(token_indices, token_indices_dtype, n * token_columns + t) : -1;
 }
 
 }  // namespace flashkda

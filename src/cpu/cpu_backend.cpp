@@ -221,6 +221,20 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
     }
   };
   if (p.checkpoint_state) store_checkpoints(0);
+  // The state as it stands into slot `slot` of final_state, in its dtype and layout.
+  auto store_state = [&](int64_t slot) {
+    if (p.final_state_dtype == DType::kBF16) {
+      uint16_t* dst = static_cast<uint16_t*>(p.final_state);
+      for (int j = 0; j < V; ++j)
+        for (int i = 0; i < K; ++i) dst[slots.element(slot, h, j, i)] = float_to_bf16(St[i * V + j]);
+    } else {
+      float* dst = static_cast<float*>(p.final_state);
+      for (int j = 0; j < V; ++j)
+        for (int i = 0; i < K; ++i) dst[slots.element(slot, h, j, i)] = St[i * V + j];
+    }
+  };
+  // Per-token states (speculative verify) need the state after every token: one-token chunks.
+  const int64_t step = p.token_state_indices ? 1 : kChunk;
 
   const float exp_A = std::exp(p.A_log[h]);
   const float* dt_bias = p.dt_bias + h * K;
@@ -238,8 +252,8 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
   float* __restrict M = s.M.data();
   float* __restrict beta = s.beta.data();
 
-  for (int64_t t0 = t_begin; t0 < t_end; t0 += kChunk) {
-    const int c = static_cast<int>(std::min<int64_t>(kChunk, t_end - t0));
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += step) {
+    const int c = static_cast<int>(std::min<int64_t>(step, t_end - t0));
 
     // Per-token inputs: normalised q, k; G_r = a_1 + ... + a_r; beta.
     for (int r = 0; r < c; ++r) {
@@ -374,21 +388,12 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
       }
     }
     if (p.checkpoint_state) store_checkpoints(t0 + c - t_begin);
+    if (p.token_state_indices)
+      if (const int64_t slot = slots.token(n, t0 - t_begin); slot >= 0) store_state(slot);
   }
 
   // Final state, to its slot in the tensor's layout.
-  const int64_t final_slot = slots.final(n);
-  if (p.final_state != nullptr && final_slot >= 0) {
-    if (p.final_state_dtype == DType::kBF16) {
-      uint16_t* dst = static_cast<uint16_t*>(p.final_state);
-      for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[slots.element(final_slot, h, j, i)] = float_to_bf16(St[i * V + j]);
-    } else {
-      float* dst = static_cast<float*>(p.final_state);
-      for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[slots.element(final_slot, h, j, i)] = St[i * V + j];
-    }
-  }
+  if (const int64_t final_slot = slots.final(n); p.final_state != nullptr && final_slot >= 0) store_state(final_slot);
 }
 
 using PairFn = void (*)(const Problem&, int64_t, int64_t, int64_t, int64_t, Scratch&);

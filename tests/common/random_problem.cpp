@@ -359,6 +359,8 @@ ForwardArgs to_forward_args(const Problem& p) {
   if (p.checkpoint_offsets)
     a.checkpoint_offsets = make_tensor(p.checkpoint_offsets, p.checkpoint_offsets_dtype, p.N, p.checkpoints);
   if (p.checkpoint_state) a.checkpoint_state = make_tensor(p.checkpoint_state, DType::kF32, p.N, p.checkpoints, p.H, d1, d2);
+  if (p.token_state_indices)
+    a.token_state_indices = make_tensor(p.token_state_indices, p.token_state_indices_dtype, p.N, p.token_state_columns);
   a.lower_bound = p.lower_bound;
   a.scale = p.scale;
   a.gate = p.gate;

@@ -220,6 +220,88 @@ TEST(StatePools, KMajorStatesWithoutIndices) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Speculative verify, with the Triton decode kernel's semantics: request n starts from slot
+// idx[n, accepted[n] - 1] and the state after draft token t goes to slot idx[n, t].
+
+TEST(StatePools, PerTokenStatesForSpeculativeVerify) {
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    SCOPED_TRACE(layout == StateLayout::kVK ? "VK" : "KV");
+    ProblemSpec spec;
+    spec.H = 2;
+    spec.seqlens = {4, 3, 4, 1};  // draft tokens per request (packed)
+    spec.init = InitState::kNormal;
+    spec.seed = 51;
+    RandomProblem rp(spec);
+    const Problem& base = rp.problem();
+    const int64_t N = base.N, T_max = 4, slots = N * T_max + 3;
+    std::mt19937_64 rng(51);
+    std::vector<int64_t> perm(static_cast<size_t>(slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int64_t> idx(perm.begin(), perm.begin() + N * T_max);  // [N, T_max], distinct slots
+    const std::vector<int64_t> accepted = {2, 1, 4, 1};
+    std::vector<int64_t> start(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) start[n] = idx[n * T_max + accepted[n] - 1];
+    idx[1 * T_max + 3] = -1;  // request 1 has 3 tokens; its fourth column is unused
+    start[3] = -1;           // request 3 is padding: skipped, nothing written
+
+    // The pool holds each request's initial state at its start slot (the random problem's states).
+    Pool pool(rp, slots, start, layout, DType::kF32);
+    const std::vector<unsigned char> before = pool.bytes();
+    Problem p = base;
+    std::vector<uint16_t> out(rp.out_size(), 0xABCD);
+    p.out = out.data();
+    p.state_layout = layout;
+    p.initial_state = p.final_state = pool.data();
+    p.initial_slots = p.final_slots = slots;
+    p.state_indices = start.data();
+    p.token_state_indices = idx.data();
+    p.token_state_columns = T_max;
+    ASSERT_NO_THROW(forward(testing::to_forward_args(p), nullptr, 0));
+
+    const std::vector<int64_t> offsets = host_sequence_offsets(base);
+    std::vector<bool> written(static_cast<size_t>(slots), false);
+    std::vector<double> ref_out(rp.out_size()), ref_state(rp.state_size());
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t len = offsets[n + 1] - offsets[n];
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t slot = idx[n * T_max + t];
+        if (start[n] < 0 || slot < 0) continue;
+        written[slot] = true;
+        // The oracle on request n's first t + 1 tokens (rows of the packed inputs; the oracle
+        // reads the offsets as given): its final state is the one after token t.
+        std::vector<int64_t> one = {offsets[n], offsets[n] + t + 1};
+        Problem single = base;
+        single.N = 1, single.cu_seqlens = one.data(), single.cu_seqlens_dtype = DType::kI64;
+        single.B = 1, single.T = base.T;  // rows [offsets[n], offsets[n] + t + 1) of the packed inputs
+        std::vector<double> out1(rp.out_size()), state1(static_cast<size_t>(p.H * p.V * p.K));
+        const size_t state_bytes = sizeof(float) * static_cast<size_t>(p.H * p.V * p.K);
+        single.initial_state = reinterpret_cast<const unsigned char*>(rp.init_f32.data()) + n * state_bytes;
+        oracle_forward(single, out1.data(), state1.data());
+        std::vector<double> got(state1.size());
+        for (int64_t h = 0; h < p.H; ++h)
+          for (int64_t v = 0; v < p.V; ++v)
+            for (int64_t k = 0; k < p.K; ++k)
+              got[static_cast<size_t>((h * p.V + v) * p.K + k)] = pool.at(p, slot, h, v, k, layout, DType::kF32);
+        EXPECT_LE(rel_error(state1.data(), got.data(), got.size()), kBar) << "request " << n << ", token " << t;
+        if (t == len - 1) {  // the outputs of the whole request, from the last prefix run
+          const size_t row = static_cast<size_t>(offsets[n] * p.H * p.V), n_elems = static_cast<size_t>(len * p.H * p.V);
+          EXPECT_LE(rel_error(out1.data() + row, out.data() + row, n_elems), kBar) << "out of request " << n;
+        }
+      }
+      if (start[n] < 0)
+        for (int64_t t = offsets[n] * p.H * p.V; t < offsets[n + 1] * p.H * p.V; ++t)
+          ASSERT_EQ(out[t], 0xABCD) << "padding request wrote out";
+    }
+    const size_t slot_bytes = pool.slot_bytes(DType::kF32);
+    for (int64_t s = 0; s < slots; ++s)
+      if (!written[s])
+        EXPECT_EQ(0, std::memcmp(pool.bytes().data() + s * slot_bytes, before.data() + s * slot_bytes, slot_bytes))
+            << "slot " << s << " was not addressed but changed";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad indices and pools are refused before anything is written.
 
 class PoolRefusals : public ::testing::Test {
@@ -307,6 +389,39 @@ TEST_F(PoolRefusals, IndicesOfTheWrongLength) {
   ForwardArgs a = testing::to_forward_args(p_);
   a.state_indices.shape[0] = 2;
   EXPECT_THAT(testing::refusal_message(a), HasSubstr("state_indices: expected shape [3] [N]"));
+}
+
+TEST_F(PoolRefusals, TokenStatesForMoreTokensThanColumns) {
+  std::vector<int64_t> tokens = {0, 1, 2, 3, 5, 6};  // [3, 2]: sequences of 5, 7, 3 tokens need 7 columns
+  p_.token_state_indices = tokens.data();
+  p_.token_state_columns = 2;
+  expect_refused({"token_state_indices:", "sequence 0 has 5 tokens, more than its 2 columns"});
+}
+
+TEST_F(PoolRefusals, TokenStatesWritingOneSlotTwice) {
+  std::vector<int64_t> tokens(3 * 7, -1);
+  tokens[0] = 1, tokens[1] = 1;  // sequence 0, tokens 0 and 1
+  p_.token_state_indices = tokens.data();
+  p_.token_state_columns = 7;
+  expect_refused({"token_state_indices:", "sequence 0 writes slot 1 twice"});
+}
+
+TEST_F(PoolRefusals, TokenStateIntoASlotAnotherSequenceStartsFrom) {
+  std::vector<int64_t> tokens(3 * 7, -1);
+  tokens[7 + 2] = 4;  // sequence 1, token 2 -> slot 4, which sequence 0 starts from
+  p_.token_state_indices = tokens.data();
+  p_.token_state_columns = 7;
+  expect_refused({"token_state_indices:", "sequence 1 writes slot 4", "sequence 0 starts from"});
+}
+
+TEST_F(PoolRefusals, TokenStatesWithoutAPool) {
+  std::vector<int64_t> tokens(3 * 7, -1);
+  p_.state_indices = nullptr;
+  p_.initial_slots = p_.final_slots = 3;
+  p_.initial_state = p_.final_state = nullptr;
+  p_.token_state_indices = tokens.data();
+  p_.token_state_columns = 7;
+  expect_refused({"token_state_indices:", "final_state pool"});
 }
 
 TEST_F(PoolRefusals, UnknownLayout) {
