@@ -37,32 +37,22 @@ def _state_layout_id(state_layout) -> int:
     )
 
 
-def _refuse_jax_pools(state_indices, *arrays) -> None:
-    """State pools are updated in place; JAX arrays are immutable (and may share their buffers),
-    so a pool of JAX arrays, or pools beside JAX inputs, are refused rather than mutated."""
-    if state_indices is None:
+def _refuse_jax_writes(name: str, target, arrays, why: str) -> None:
+    """Refuses, naming `name`, an in-place write into `target` when it or one of `arrays` is a
+    JAX array: JAX arrays are immutable (and may share their buffers)."""
+    if target is None:
         return
-    for x in (state_indices,) + arrays:
+    for x in (target,) + tuple(arrays):
         if x is not None and _frameworks.framework_of(x) == "jax":
-            raise TypeError(
-                "state_indices: state pools are updated in place, and JAX arrays are immutable; "
-                "pools take torch tensors, NumPy or CuPy arrays (for JAX, pass [N, H, V, K] states "
-                "without state_indices and gather / scatter the pool yourself)"
-            )
+            raise TypeError(f"{name}: {why}")
 
 
-def _refuse_jax_checkpoints(checkpoint_state, *arrays) -> None:
-    """A given checkpoint_state is written in place; JAX arrays are immutable, so one of JAX
-    arrays, or one beside JAX inputs, is refused (forward() allocates them instead)."""
-    if checkpoint_state is None:
-        return
-    for x in (checkpoint_state,) + arrays:
-        if x is not None and _frameworks.framework_of(x) == "jax":
-            raise TypeError(
-                "checkpoint_state: it is written in place, and JAX arrays are immutable; for JAX, call "
-                "flashkda.forward(..., checkpoint_offsets=offsets) without checkpoint_state: it returns the "
-                "checkpoint states as a new array"
-            )
+_JAX_POOLS = ("state pools are updated in place, and JAX arrays are immutable; pools take torch tensors, "
+              "NumPy or CuPy arrays (for JAX, pass [N, H, V, K] states without state_indices and gather / "
+              "scatter the pool yourself)")
+_JAX_CHECKPOINTS = ("it is written in place, and JAX arrays are immutable; for JAX, call "
+                    "flashkda.forward(..., checkpoint_offsets=offsets) without checkpoint_state: it returns the "
+                    "checkpoint states as a new array")
 
 
 def _check_workspace(workspace) -> None:
@@ -257,8 +247,8 @@ def forward(
             "[P, H, V, K] the sequences start from and their final states are written to (in place): pass it "
             "(zeros for fresh slots), or flashkda.fwd(..., final_state=pool) to start from zero states"
         )
-    _refuse_jax_pools(state_indices, q, initial_state, out)
-    _refuse_jax_checkpoints(checkpoint_state, q, initial_state, out)
+    _refuse_jax_writes("state_indices", state_indices, (q, initial_state, out), _JAX_POOLS)
+    _refuse_jax_writes("checkpoint_state", checkpoint_state, (q, initial_state, out), _JAX_CHECKPOINTS)
     if _is_torch(q):
         if stream is not None:
             raise ValueError(
@@ -317,8 +307,8 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
     layout = _state_layout_id(state_layout)
     scale = _default_scale(q) if scale is None else _number("scale", scale)
     lower_bound = _number("lower_bound", lower_bound)
-    _refuse_jax_pools(state_indices, q, initial_state, final_state, out)
-    _refuse_jax_checkpoints(checkpoint_state, q, initial_state, final_state, out)
+    _refuse_jax_writes("state_indices", state_indices, (q, initial_state, final_state, out), _JAX_POOLS)
+    _refuse_jax_writes("checkpoint_state", checkpoint_state, (q, initial_state, final_state, out), _JAX_CHECKPOINTS)
     if _is_torch(q):
         _torch_ops.forward_out(
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,

@@ -15,7 +15,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, as_f64, make_problem, rel, to_torch
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch
 
 try:
     import torch
@@ -326,33 +326,18 @@ def test_checkpoint_arguments_alone_of_the_wrong_shape_or_dtype_are_refused(fw):
     _nothing_written(out, ckpt)
 
 
-class _FakeJaxArray:
-    """Stands for a JAX array where JAX is not installed: the check goes by the type's module."""
-
-    __module__ = "jax._src.array"
-
-    def __init__(self, x):
-        self._x = x
-        self.shape = x.shape
-        self.dtype = x.dtype
-
-    @property
-    def __array_interface__(self):
-        return self._x.__array_interface__
-
-
 def test_checkpoint_state_of_jax_arrays_is_refused():
     p, out, ckpt = _refusal_setup("numpy")
     args = [p[name] for name in ("q", "k", "v", "g", "beta")]
     message = re.escape("checkpoint_state: it is written in place, and JAX arrays are immutable")
     with pytest.raises(TypeError, match=message):
         flashkda.fwd(*args, None, out, p["A_log"], p["dt_bias"], -5.0, None, None, p["cu_seqlens"],
-                     checkpoint_offsets=offsets(), checkpoint_state=_FakeJaxArray(ckpt))
+                     checkpoint_offsets=offsets(), checkpoint_state=FakeJaxArray(ckpt))
     with pytest.raises(TypeError, match=message):
         flashkda.forward(*args, A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"],
-                         checkpoint_offsets=offsets(), checkpoint_state=_FakeJaxArray(ckpt))
+                         checkpoint_offsets=offsets(), checkpoint_state=FakeJaxArray(ckpt))
     with pytest.raises(TypeError, match=message):  # beside JAX inputs
-        flashkda.forward(_FakeJaxArray(args[0]), *args[1:], A_log=p["A_log"], dt_bias=p["dt_bias"],
+        flashkda.forward(FakeJaxArray(args[0]), *args[1:], A_log=p["A_log"], dt_bias=p["dt_bias"],
                          cu_seqlens=p["cu_seqlens"], checkpoint_offsets=offsets(), checkpoint_state=ckpt)
     _nothing_written(out, ckpt)
 
@@ -403,7 +388,7 @@ def test_workspace_of_the_wrong_kind_is_refused(fw):
     p, out, ckpt = _refusal_setup(fw)
     q, k, v, g, beta, A_log, dt_bias, cu = call_args(p, fw)
     for workspace, message in (([0] * 8, "workspace: expected a tensor or array"),
-                               (_FakeJaxArray(np.zeros(8, np.uint8)), "workspace: it is written as scratch memory, "
+                               (FakeJaxArray(np.zeros(8, np.uint8)), "workspace: it is written as scratch memory, "
                                                                       "and JAX arrays are immutable")):
         with pytest.raises(TypeError, match=re.escape(message)):
             flashkda.fwd(q, k, v, g, beta, None, out, A_log, dt_bias, -5.0, None, None, cu, workspace=workspace,

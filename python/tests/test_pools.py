@@ -12,7 +12,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, as_f64, make_problem, oracle, rel, to_torch
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch
 
 try:
     import torch
@@ -381,25 +381,10 @@ def test_pool_arguments_missing_or_of_the_wrong_kind(fw):
     assert raw(pool) == before and np.all(as_f64(out) == SENTINEL)
 
 
-class _FakeJaxArray:
-    """Stands for a JAX array where JAX is not installed: the check goes by the type's module."""
-
-    __module__ = "jax._src.array"
-
-    def __init__(self, x):
-        self._x = x
-        self.shape = x.shape
-        self.dtype = x.dtype
-
-    @property
-    def __array_interface__(self):
-        return self._x.__array_interface__
-
-
 def test_pools_of_jax_arrays_are_refused():
     p = problem(110)
     pool = random_pool("float32", 111)
-    fake = _FakeJaxArray(pool)
+    fake = FakeJaxArray(pool)
     message = re.escape("state_indices: state pools are updated in place, and JAX arrays are immutable")
     args = [p[name] for name in ("q", "k", "v", "g", "beta")]
     with pytest.raises(TypeError, match=message):
