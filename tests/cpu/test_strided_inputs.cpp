@@ -96,6 +96,59 @@ TEST(StridedInputs, FusedProjectionSlicesFixedBatch) {
   expect_strided_equals_contiguous(s);
 }
 
+// Everything at once: strided inputs, a K-major pool in place at shuffled slots with a padding
+// sequence, and checkpoints; bit for bit the same call on contiguous inputs.
+TEST(StridedInputs, WithPoolsAndCheckpoints) {
+  ProblemSpec s;
+  s.H = 2;
+  s.seqlens = {40, 16, 25};
+  s.init = InitState::kNormal;
+  s.seed = 9;
+  RandomProblem rp(s);
+  const Problem& base = rp.problem();
+  const int64_t N = base.N, H = base.H, slots = 5, per_state = H * kD * kD;
+  const std::vector<int64_t> slot = {3, -1, 0};  // sequence 1 is padding
+  std::vector<float> pool(static_cast<size_t>(slots * per_state), 0.25f);
+  for (int64_t n = 0; n < N; ++n)
+    if (slot[n] >= 0)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t v = 0; v < kD; ++v)
+          for (int64_t k = 0; k < kD; ++k)  // K-major: [slot, h, k, v]
+            pool[static_cast<size_t>(((slot[n] * H + h) * kD + k) * kD + v)] =
+                rp.init_f32[static_cast<size_t>(((n * H + h) * kD + v) * kD + k)];
+  const std::vector<int64_t> offsets = {16, 32, -1, 16, 0, -1};  // [N, 2]
+  auto run = [&](bool strided, std::vector<uint16_t>& out, std::vector<float>& pool_copy, std::vector<float>& ckpt) {
+    Problem p = base;
+    out.assign(rp.out_size(), 0xABCD);
+    pool_copy = pool;
+    ckpt.assign(static_cast<size_t>(N * 2 * per_state), -3.0f);
+    p.out = out.data();
+    p.state_layout = StateLayout::kKV;
+    p.initial_state = p.final_state = pool_copy.data();
+    p.initial_slots = p.final_slots = slots;
+    p.state_indices = slot.data();
+    p.checkpoint_offsets = offsets.data(), p.checkpoint_state = ckpt.data(), p.checkpoints = 2;
+    ForwardArgs a = testing::to_forward_args(p);
+    Fused fused(rp);
+    if (strided) {
+      a.q = fused.view(0), a.k = fused.view(1), a.g = fused.view(2), a.v = fused.view(3);
+      a.beta = fused.beta_view();
+    }
+    forward(a, nullptr, 0);
+  };
+  std::vector<uint16_t> out_c, out_s;
+  std::vector<float> pool_c, pool_s, ckpt_c, ckpt_s;
+  ASSERT_NO_THROW(run(false, out_c, pool_c, ckpt_c));
+  ASSERT_NO_THROW(run(true, out_s, pool_s, ckpt_s));
+  EXPECT_TRUE(out_s == out_c) << "out";
+  EXPECT_TRUE(pool_s == pool_c) << "pool";
+  EXPECT_TRUE(ckpt_s == ckpt_c) << "checkpoints";
+  EXPECT_FALSE(pool_c == pool) << "the pool was updated";
+  const std::vector<int64_t> seq = host_sequence_offsets(base);
+  for (int64_t i = seq[1] * H * kD; i < seq[2] * H * kD; ++i) ASSERT_EQ(out_c[i], 0xABCD) << "padding wrote out";
+  for (int64_t i = 2 * per_state; i < 4 * per_state; ++i) ASSERT_EQ(ckpt_c[i], -3.0f) << "padding wrote a checkpoint";
+}
+
 // A tensor without elements has no layout: frameworks give such tensors arbitrary strides, and an
 // output or a state among them is still "dense".
 TEST(StridedInputs, EmptyTensorsWithAnyStridesAreDense) {
