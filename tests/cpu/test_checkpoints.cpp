@@ -45,8 +45,8 @@ std::vector<float> prefix_final_state(const Problem& base, int64_t n, int64_t to
   } else {
     p.initial_state_dtype = base.initial_state_dtype;
     ForwardArgs a = testing::to_forward_args(p);
+    const int64_t at[] = {tokens};  // outlives the call below
     if (p.initial_state) {  // a bf16 initial state: take the fp32 state out through a checkpoint at `tokens`
-      const int64_t at[] = {tokens};
       a.final_state = Tensor{};
       a.checkpoint_offsets = make_tensor(at, DType::kI64, 1, 1);
       a.checkpoint_state = make_tensor(final_state.data(), DType::kF32, 1, 1, H, V, K);
