@@ -16,9 +16,16 @@ is a drop-in change. For code that imports ``flash_kda`` itself (engines using f
 in this process gives a module whose ``fwd`` is ``flashkda.fwd`` (also ``forward``, ``info``,
 ``WITH_CUDA``, ``__version__``). It is opt-in, calling it again is harmless, and it raises
 RuntimeError, changing nothing, when a different ``flash_kda`` is already imported.
+
+Serving (CPU backend so far): ``flashkda.decode`` runs a decode step over an engine's state pool
+(each request's state read from its slot and written back in place; per-token states for
+speculative verify), and ``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode
+kernel that engines call (``ssm_state_indices``, ``num_accepted_tokens``, ``inplace_final_state``,
+``state_v_first``, ...), mapped onto the same call.
 """
 
 from ._api import fwd, forward, info
+from ._decode import decode, fused_recurrent_kda
 from ._ext import cuda_compiled as _cuda_compiled
 from ._flash_kda import register_as_flash_kda
 
@@ -28,4 +35,5 @@ __version__ = "0.1.0"
 #: False for a CPU-backend-only build.
 WITH_CUDA: bool = bool(_cuda_compiled())
 
-__all__ = ["forward", "fwd", "info", "register_as_flash_kda", "WITH_CUDA", "__version__"]
+__all__ = ["forward", "fwd", "decode", "fused_recurrent_kda", "info", "register_as_flash_kda", "WITH_CUDA",
+           "__version__"]

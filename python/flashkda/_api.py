@@ -1,4 +1,5 @@
-"""The Python API: forward(), fwd() and info(), over the native extension flashkda._ext.
+"""The Python API: forward(), fwd() and info(), over the native extension flashkda._ext (the
+decode entry points, decode() and fused_recurrent_kda(), are in _decode, over _run_into here).
 
 Torch tensors go through the torch.library custom ops of _torch_ops (so torch.compile traces
 through them); every other framework through _frameworks, which allocates outputs in the
@@ -322,6 +323,29 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
         checkpoint_offsets, checkpoint_state, workspace,
     )
     return None
+
+
+def _run_into(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens, *, lower_bound: float,
+              scale: float, gate_id: int, layout: int, state_indices=None, final_state_indices=None,
+              token_state_indices=None) -> None:
+    """The call under flashkda.decode and flashkda.fused_recurrent_kda: writes ``out`` and
+    ``final_state`` (a pool, possibly ``initial_state`` itself: updated in place) as ``fwd`` does,
+    with any gate and with per-token states (``token_state_indices``). Scalars are already
+    resolved (``scale`` a number, ``gate_id`` and ``layout`` the extension's codes)."""
+    _check_tensors((q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens, state_indices,
+                    final_state_indices, None, None, token_state_indices))
+    if _is_torch(q):
+        _torch_ops.forward_out(
+            q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
+            lower_bound, scale, gate_id, True, state_indices, final_state_indices, layout,
+            token_state_indices=token_state_indices,
+        )
+        return
+    _frameworks.run(
+        q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
+        lower_bound, scale, gate_id, True, None, state_indices, final_state_indices, layout,
+        token_state_indices=token_state_indices,
+    )
 
 
 def info() -> dict:

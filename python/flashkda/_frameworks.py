@@ -188,9 +188,10 @@ def given_workspace(workspace, q):
 
 def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
         lower_bound, scale, gate, check_cu_seqlens, stream, state_indices=None, final_state_indices=None,
-        state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None):
+        state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None, token_state_indices=None):
     """Runs the extension on arrays of any framework, writing into out and final_state (which may
-    be initial_state itself: a pool updated in place, with state_indices) and checkpoint_state.
+    be initial_state itself: a pool updated in place, with state_indices; with token_state_indices
+    the per-token states go to its slots too) and checkpoint_state.
     A given workspace is used on the CUDA path (checked there) and ignored on the CPU."""
     fw = framework_of(q)
     cuda = _is_cuda(fw, q)
@@ -198,13 +199,14 @@ def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_se
     if fw == "jax" and cuda:
         # JAX has no stream to share: wait for the inputs, and (below) for the kernels.
         for x in (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, final_state_indices,
-                  checkpoint_offsets):
+                  checkpoint_offsets, token_state_indices):
             if hasattr(x, "block_until_ready"):
                 x.block_until_ready()
     args, views = _prepare(dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, out=out,
                                 initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens,
                                 state_indices=state_indices, final_state_indices=final_state_indices,
-                                checkpoint_offsets=checkpoint_offsets, checkpoint_state=checkpoint_state))
+                                checkpoint_offsets=checkpoint_offsets, checkpoint_state=checkpoint_state,
+                                token_state_indices=token_state_indices))
     workspace_alloc = None
     if cuda:
         if workspace is not None:
@@ -218,7 +220,7 @@ def run(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_se
         lower_bound, scale, gate, check_cu_seqlens, handle, workspace_alloc, views,
         state_indices=args["state_indices"], final_state_indices=args["final_state_indices"],
         state_layout=state_layout, checkpoint_offsets=args["checkpoint_offsets"],
-        checkpoint_state=args["checkpoint_state"],
+        checkpoint_state=args["checkpoint_state"], token_state_indices=args["token_state_indices"],
     )
     if fw == "jax" and cuda:
         _ext.stream_synchronize(handle)

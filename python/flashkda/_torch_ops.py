@@ -12,9 +12,11 @@ Both take the state pool arguments (state_indices, final_state_indices: optional
 int32) and state_layout (0: V-major [.., V, K], 1: K-major [.., K, V]) after the others, with
 defaults, so calls without them are unchanged. forward_out also takes, last, with defaults None:
 checkpoint_offsets ([N, C] int64 or int32), checkpoint_state ([N, C, H, V, K] float32, written:
-declared mutated) and workspace (a caller's reusable CUDA workspace, any dtype, its bytes count;
-written: declared mutated; ignored on the CPU). Prefix checkpoints go through forward_out only:
-the functional op's outputs stay (out, final_state), and flashkda.forward(checkpoint_offsets=...)
+declared mutated), workspace (a caller's reusable CUDA workspace, any dtype, its bytes count;
+written: declared mutated; ignored on the CPU) and token_state_indices ([N, T_max] int64 or int32:
+per-token states into slots of the final_state pool, as flashkda.decode and the speculative verify
+of flashkda.fused_recurrent_kda write them). Prefix checkpoints go through forward_out only: the
+functional op's outputs stay (out, final_state), and flashkda.forward(checkpoint_offsets=...)
 allocates the checkpoint states itself (zeros) and calls forward_out, as it does for pools.
 
 Both have fake (meta) implementations, which take fake and meta tensors. The real ones pass the
@@ -66,11 +68,12 @@ def _given_workspace(workspace: Tensor, device: torch.device):
 
 def _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
             lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
-            state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None) -> None:
+            state_layout=0, checkpoint_offsets=None, checkpoint_state=None, workspace=None,
+            token_state_indices=None) -> None:
     tensors = [_detach(t) for t in (q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens)]
     extra = dict(state_indices=_detach(state_indices), final_state_indices=_detach(final_state_indices),
                  state_layout=state_layout, checkpoint_offsets=_detach(checkpoint_offsets),
-                 checkpoint_state=_detach(checkpoint_state))
+                 checkpoint_state=_detach(checkpoint_state), token_state_indices=_detach(token_state_indices))
     device = q.device
     if device.type != "cuda":  # the CPU backend needs no workspace: a given one is ignored
         _ext.forward(*tensors, lower_bound, scale, gate, check_cu_seqlens, 0, None, 0, **extra)
@@ -160,7 +163,8 @@ def _forward_out_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                     check_cu_seqlens: bool, state_indices: Optional[Tensor] = None,
                     final_state_indices: Optional[Tensor] = None, state_layout: int = 0,
                     state_in_place: bool = False, checkpoint_offsets: Optional[Tensor] = None,
-                    checkpoint_state: Optional[Tensor] = None, workspace: Optional[Tensor] = None) -> None:
+                    checkpoint_state: Optional[Tensor] = None, workspace: Optional[Tensor] = None,
+                    token_state_indices: Optional[Tensor] = None) -> None:
     if state_in_place:
         if initial_state is not None or final_state is None:
             raise ValueError("state_in_place: final_state is the initial state too; pass it as final_state, "
@@ -168,7 +172,7 @@ def _forward_out_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
         initial_state = final_state
     _launch(q, k, v, g, beta, A_log, dt_bias, out, initial_state, final_state, cu_seqlens,
             lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout,
-            checkpoint_offsets, checkpoint_state, workspace)
+            checkpoint_offsets, checkpoint_state, workspace, token_state_indices)
 
 
 _forward_out_op = torch.library.custom_op(
@@ -179,7 +183,7 @@ _forward_out_op = torch.library.custom_op(
 def _forward_out_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
                       lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
                       state_layout=0, state_in_place=False, checkpoint_offsets=None, checkpoint_state=None,
-                      workspace=None):
+                      workspace=None, token_state_indices=None):
     return None
 
 
@@ -220,7 +224,8 @@ def _as_tensor(x, name: str):
 
 _FORWARD_NAMES = ("k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "out",
                   "state_indices", "final_state_indices")
-_FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state", "checkpoint_offsets", "checkpoint_state", "workspace")
+_FORWARD_OUT_NAMES = _FORWARD_NAMES + ("final_state", "checkpoint_offsets", "checkpoint_state", "workspace",
+                                       "token_state_indices")
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
@@ -272,18 +277,20 @@ def forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out,
 def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
                 lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
                 state_layout=0, state_in_place=False, checkpoint_offsets=None, checkpoint_state=None,
-                workspace=None) -> None:
-    """flashkda.fwd (and forward(out=...)) for torch tensors. One tensor given as both
-    initial_state and final_state (a pool updated in place, or states overwritten) goes to the op
+                workspace=None, token_state_indices=None) -> None:
+    """flashkda.fwd (and forward(out=...), decode, fused_recurrent_kda) for torch tensors. One
+    tensor given as both initial_state and final_state (a pool updated in place, or states overwritten) goes to the op
     once, as final_state with state_in_place: under torch.compile the op then mutates that one
     tensor, instead of reading an input that aliases one it mutates."""
     if not state_in_place and initial_state is not None and initial_state is final_state:
         initial_state, state_in_place = None, True
     k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices, \
-        final_state, checkpoint_offsets, checkpoint_state, workspace = (_as_tensor(x, name) for x, name in zip(
-            (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices,
-             final_state, checkpoint_offsets, checkpoint_state, workspace), _FORWARD_OUT_NAMES))
+        final_state, checkpoint_offsets, checkpoint_state, workspace, token_state_indices = (
+            _as_tensor(x, name) for x, name in zip(
+                (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, state_indices, final_state_indices,
+                 final_state, checkpoint_offsets, checkpoint_state, workspace, token_state_indices),
+                _FORWARD_OUT_NAMES))
     op = _forward_out_impl if _plain_eager(q) else torch.ops.flashkda.forward_out
     op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
        lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place,
-       checkpoint_offsets, checkpoint_state, workspace)
+       checkpoint_offsets, checkpoint_state, workspace, token_state_indices)
