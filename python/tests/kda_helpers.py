@@ -112,3 +112,16 @@ class FakeJaxArray:
     @property
     def __array_interface__(self):
         return self._x.__array_interface__
+
+
+def to_fw(x, fw):
+    """A NumPy master array in the framework under test ("numpy" or "torch")."""
+    if x is None or fw == "numpy":
+        return x
+    return to_torch({"x": x})["x"]
+
+
+def normal_pool(dtype, seed, slots, heads):
+    """A state pool [slots, heads, K, K] of N(0, 1) values, float32 or bfloat16 (NumPy)."""
+    x = np.random.default_rng(seed).standard_normal((slots, heads, K, K))
+    return x.astype(BF16 if dtype == "bfloat16" else np.float32)

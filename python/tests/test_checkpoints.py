@@ -15,7 +15,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, to_fw
 
 try:
     import torch
@@ -47,12 +47,6 @@ LAYOUTS = {"vk": 0, "kv": 1}
 def problem(seed, initial="float32", lengths=LENGTHS):
     """Inputs and, unless `initial` is None, V-major float32 initial states [N, H, V, K]."""
     return make_problem(lengths=lengths, H=H, state=initial, seed=seed)
-
-
-def to_fw(x, fw):
-    if x is None or fw == "numpy":
-        return x
-    return to_torch({"x": x})["x"]
 
 
 def in_layout(state, layout):

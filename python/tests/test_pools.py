@@ -12,7 +12,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch, normal_pool, to_fw
 
 try:
     import torch
@@ -38,14 +38,7 @@ def problem(seed, lengths=LENGTHS):
 
 
 def random_pool(dtype, seed, slots=P):
-    x = np.random.default_rng(seed).standard_normal((slots, H, K, K))
-    return x.astype(BF16 if dtype == "bfloat16" else np.float32)
-
-
-def to_fw(x, fw):
-    if x is None or fw == "numpy":
-        return x
-    return to_torch({"x": x})["x"]
+    return normal_pool(dtype, seed, slots, H)
 
 
 def call_args(p, fw):
