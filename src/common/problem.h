@@ -61,6 +61,9 @@ struct Problem {
   Gate gate = Gate::kSafe;
 };
 
+// Element i of a host-readable int32 or int64 index array (cu_seqlens, state indices, offsets).
+int64_t host_index(const void* indices, DType dtype, int64_t i);
+
 // Token offsets of the N sequences, N + 1 entries, for a problem whose cu_seqlens (if any) is
 // readable from the host.
 std::vector<int64_t> host_sequence_offsets(const Problem& p);

@@ -2,17 +2,13 @@
 
 namespace flashkda {
 
+int64_t host_index(const void* indices, DType dtype, int64_t i) {
+  return dtype == DType::kI32 ? static_cast<const int32_t*>(indices)[i] : static_cast<const int64_t*>(indices)[i];
+}
+
 std::vector<int64_t> host_sequence_offsets(const Problem& p) {
   std::vector<int64_t> offsets(static_cast<size_t>(p.N) + 1);
-  for (int64_t n = 0; n <= p.N; ++n) {
-    if (!p.cu_seqlens) {
-      offsets[n] = n * p.T;
-    } else if (p.cu_seqlens_dtype == DType::kI32) {
-      offsets[n] = static_cast<const int32_t*>(p.cu_seqlens)[n];
-    } else {
-      offsets[n] = static_cast<const int64_t*>(p.cu_seqlens)[n];
-    }
-  }
+  for (int64_t n = 0; n <= p.N; ++n) offsets[n] = p.cu_seqlens ? host_index(p.cu_seqlens, p.cu_seqlens_dtype, n) : n * p.T;
   return offsets;
 }
 

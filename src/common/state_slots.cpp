@@ -1,14 +1,6 @@
 #include "common/problem.h"
 
 namespace flashkda {
-namespace {
-
-int64_t index_at(const void* indices, DType dtype, int64_t n) {
-  return dtype == DType::kI32 ? static_cast<const int32_t*>(indices)[n] : static_cast<const int64_t*>(indices)[n];
-}
-
-}  // namespace
-
 StateSlots::StateSlots(const Problem& p)
     : H(p.H),
       K(p.K),
@@ -23,18 +15,18 @@ StateSlots::StateSlots(const Problem& p)
       token_columns(p.token_state_columns) {}
 
 int64_t host_checkpoint_offset(const Problem& p, int64_t n, int64_t c) {
-  return index_at(p.checkpoint_offsets, p.checkpoint_offsets_dtype, n * p.checkpoints + c);
+  return host_index(p.checkpoint_offsets, p.checkpoint_offsets_dtype, n * p.checkpoints + c);
 }
 
-int64_t StateSlots::initial(int64_t n) const { return indices ? index_at(indices, indices_dtype, n) : n; }
+int64_t StateSlots::initial(int64_t n) const { return indices ? host_index(indices, indices_dtype, n) : n; }
 
 int64_t StateSlots::final(int64_t n) const {
-  if (final_indices) return index_at(final_indices, final_indices_dtype, n);
+  if (final_indices) return host_index(final_indices, final_indices_dtype, n);
   return token_indices ? -1 : initial(n);
 }
 
 int64_t StateSlots::token(int64_t n, int64_t t) const {
-  return token_indices ? index_at(token_indices, token_indices_dtype, n * token_columns + t) : -1;
+  return token_indices ? host_index(token_indices, token_indices_dtype, n * token_columns + t) : -1;
 }
 
 }  // namespace flashkda

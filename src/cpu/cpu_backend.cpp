@@ -210,29 +210,29 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
       for (int i = 0; i < K; ++i) St[i * V + j] = src[slots.element(slot, h, j, i)];
   }
 
-  // Prefix checkpoints of this sequence after `offset` tokens: the state as it stands, fp32, in
-  // the state layout (chunks start at the sequence's start, so every multiple of 16 is a chunk
-  // boundary, and the state there is the one a prefill of those tokens ends with).
-  auto store_checkpoints = [&](int64_t offset) {
-    for (int64_t c = 0; c < p.checkpoints; ++c) {
-      if (host_checkpoint_offset(p, n, c) != offset) continue;
+  // The state as it stands into slot `into` of a state tensor (final_state's pool, or the
+  // checkpoints indexed n * C + c), in that tensor's dtype and the state layout.
+  auto store_state = [&](void* dst, DType dtype, int64_t into) {
+    if (dtype == DType::kBF16) {
+      uint16_t* d16 = static_cast<uint16_t*>(dst);
       for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) p.checkpoint_state[slots.element(n * p.checkpoints + c, h, j, i)] = St[i * V + j];
-    }
-  };
-  if (p.checkpoint_state) store_checkpoints(0);
-  // The state as it stands into slot `slot` of final_state, in its dtype and layout.
-  auto store_state = [&](int64_t slot) {
-    if (p.final_state_dtype == DType::kBF16) {
-      uint16_t* dst = static_cast<uint16_t*>(p.final_state);
-      for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[slots.element(slot, h, j, i)] = float_to_bf16(St[i * V + j]);
+        for (int i = 0; i < K; ++i) d16[slots.element(into, h, j, i)] = float_to_bf16(St[i * V + j]);
     } else {
-      float* dst = static_cast<float*>(p.final_state);
+      float* d32 = static_cast<float*>(dst);
       for (int j = 0; j < V; ++j)
-        for (int i = 0; i < K; ++i) dst[slots.element(slot, h, j, i)] = St[i * V + j];
+        for (int i = 0; i < K; ++i) d32[slots.element(into, h, j, i)] = St[i * V + j];
     }
   };
+  // Prefix checkpoints of this sequence after `offset` tokens (chunks start at the sequence's
+  // start, so every multiple of 16 is a chunk boundary, and the state there is the one a prefill
+  // of those tokens ends with). The offsets are read once, not at every chunk.
+  std::vector<int64_t> checkpoint_at(static_cast<size_t>(p.checkpoint_state ? p.checkpoints : 0));
+  for (size_t c = 0; c < checkpoint_at.size(); ++c) checkpoint_at[c] = host_checkpoint_offset(p, n, int64_t(c));
+  auto store_checkpoints = [&](int64_t offset) {
+    for (size_t c = 0; c < checkpoint_at.size(); ++c)
+      if (checkpoint_at[c] == offset) store_state(p.checkpoint_state, DType::kF32, n * p.checkpoints + int64_t(c));
+  };
+  store_checkpoints(0);
   // Per-token states (speculative verify) need the state after every token: one-token chunks.
   const int64_t step = p.token_state_indices ? 1 : kChunk;
 
@@ -328,7 +328,10 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
         }
       }
     }
-    for (; i < K; ++i) {
+    // K remainder (K not a multiple of 4); a fixed-K instantiation has none, and compiling the
+    // dead loop there only makes GCC warn about it.
+    static_assert(KC % 4 == 0, "a fixed K must be a multiple of 4");
+    if constexpr (KC == 0) for (; i < K; ++i) {
       const float* __restrict Si = St + i * V;
       for (int r = 0; r < c; ++r) {
         const float a = kt[r * K + i], b = qt[r * K + i];
@@ -387,13 +390,14 @@ void run_pair(const Problem& p, int64_t n, int64_t h, int64_t t_begin, int64_t t
         for (int j = 0; j < V; ++j) Si[j] += a * Us[j];
       }
     }
-    if (p.checkpoint_state) store_checkpoints(t0 + c - t_begin);
+    store_checkpoints(t0 + c - t_begin);
     if (p.token_state_indices)
-      if (const int64_t slot = slots.token(n, t0 - t_begin); slot >= 0) store_state(slot);
+      if (const int64_t into = slots.token(n, t0 - t_begin); into >= 0) store_state(p.final_state, p.final_state_dtype, into);
   }
 
   // Final state, to its slot in the tensor's layout.
-  if (const int64_t final_slot = slots.final(n); p.final_state != nullptr && final_slot >= 0) store_state(final_slot);
+  if (const int64_t into = slots.final(n); p.final_state != nullptr && into >= 0)
+    store_state(p.final_state, p.final_state_dtype, into);
 }
 
 using PairFn = void (*)(const Problem&, int64_t, int64_t, int64_t, int64_t, Scratch&);

@@ -73,7 +73,7 @@ struct TokenInputs {
   TokenInputs(int64_t K, int64_t V) : q(K), k(K), a(K), v(V) {}
 
   void load(const Problem& p, int64_t t, int64_t h) {
-    const int64_t K = p.K, V = p.V, H = p.H;
+    const int64_t K = p.K, V = p.V;
     normalised_row(p.q + p.row_offset(p.q_rows, t, h, K), K, q.data());
     normalised_row(p.k + p.row_offset(p.k_rows, t, h, K), K, k.data());
     const double A_log = p.A_log[h];
