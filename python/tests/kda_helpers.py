@@ -2,6 +2,7 @@
 (the extension's testing hook) and the error measure rel = ||x - ref|| / ||ref||."""
 
 import numpy as np
+import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
@@ -18,6 +19,10 @@ try:
     import torch
 except ImportError:
     torch = None
+
+# The framework suites run each case on NumPy arrays and, where torch is installed, torch tensors.
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the torch cases are skipped")
+FRAMEWORKS = ["numpy", pytest.param("torch", marks=needs_torch)]
 
 K = 128
 BAR = 3e-3  # docs/contract.md: rel <= 3e-3 on out and on final_state

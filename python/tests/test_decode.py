@@ -13,15 +13,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, normal_pool, to_fw
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the torch cases are skipped")
-FRAMEWORKS = ["numpy", pytest.param("torch", marks=needs_torch)]
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, normal_pool, to_fw, torch, needs_torch, FRAMEWORKS
 
 H = 2
 N = 4  # requests

@@ -12,15 +12,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch, normal_pool, to_fw
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the torch cases are skipped")
-FRAMEWORKS = ["numpy", pytest.param("torch", marks=needs_torch)]
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch, normal_pool, to_fw, torch, needs_torch, FRAMEWORKS
 
 H = 2
 LENGTHS = [9, 0, 17, 5]  # N = 4, one empty sequence among them
