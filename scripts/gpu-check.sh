@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
-#   PREBUILT=dir  use dir/test_prefill_gpu and dir/flashkda instead of building
+#   PREBUILT=dir  use dir/test_{prefill,decode,serving}_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
 #                without build isolation: the GPU machine has no index to fetch the build
@@ -30,13 +30,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes)')"
 
 if [ -n "${PREBUILT:-}" ]; then
-  TEST_BIN=$PREBUILT/test_prefill_gpu
+  TEST_DIR=$PREBUILT
   CLI_BIN=$PREBUILT/flashkda
   # The checkout's git state says nothing about binaries built elsewhere: they carry their commit.
   note "prebuilt binaries: $("$CLI_BIN" --version 2>&1 | head -1)"
 else
   BUILD=${BUILD_DIR:-build-gpu}
-  TEST_BIN=$BUILD/tests/gpu/test_prefill_gpu
+  TEST_DIR=$BUILD/tests/gpu
   CLI_BIN=$BUILD/tools/flashkda/flashkda
 fi
 
@@ -64,14 +64,20 @@ for step in $steps; do
         grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$summary"
       fi
       ;;
-    tests)
-      run_step tests "$OUT/gpu-tests.log" "${TESTS_LIMIT:-300}" "$TEST_BIN" ${TEST_ARGS:-}
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|\[gpu vs oracle\]" "$OUT/gpu-tests.log" | tail -60 >>"$summary"
+    tests)  # the chunked prefill, the recurrent kernel (decode), the serving suites on the device
+      for bin in test_prefill_gpu test_decode_gpu test_serving_gpu; do
+        run_step "tests $bin" "$OUT/gpu-tests.log" "${TESTS_LIMIT:-300}" "$TEST_DIR/$bin" ${TEST_ARGS:-}
+      done
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|\[gpu vs oracle\]|FAILED" "$OUT/gpu-tests.log" | tail -80 >>"$summary"
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        run_step "sanitizer $tool" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_BIN" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
+        run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
+        run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*'
+        run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.WithinTheBarOfTheOracleInBothLayouts:StridedInputs.WithPoolsAndCheckpoints'
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/gpu-tests.log" | tee -a "$summary"
       ;;

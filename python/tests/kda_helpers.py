@@ -23,6 +23,10 @@ except ImportError:
 # The framework suites run each case on NumPy arrays and, where torch is installed, torch tensors.
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the torch cases are skipped")
 FRAMEWORKS = ["numpy", pytest.param("torch", marks=needs_torch)]
+# ... and, for the suites that run on both backends, torch tensors on the GPU where there is one.
+needs_cuda = pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
+                                reason="torch.cuda is not available: the CUDA cases are skipped")
+DEVICE_FRAMEWORKS = FRAMEWORKS + [pytest.param("cuda", marks=needs_cuda)]
 
 K = 128
 BAR = 3e-3  # docs/contract.md: rel <= 3e-3 on out and on final_state
@@ -120,10 +124,11 @@ class FakeJaxArray:
 
 
 def to_fw(x, fw):
-    """A NumPy master array in the framework under test ("numpy" or "torch")."""
+    """A NumPy master array in the framework under test ("numpy", "torch", or "cuda": torch on the
+    GPU)."""
     if x is None or fw == "numpy":
         return x
-    return to_torch({"x": x})["x"]
+    return to_torch({"x": x}, "cuda" if fw == "cuda" else "cpu")["x"]
 
 
 def normal_pool(dtype, seed, slots, heads):

@@ -5,7 +5,7 @@ from the same initial state, and the fp64 oracle's within the bar; offsets 0, a 
 length, repeated, int64 and int32; unused (negative) entries left as they were; both state
 layouts; with state pools; forward's third value; the refusals, each naming its argument;
 torch.compile(fullgraph=True), opcheck and FakeTensorMode; JAX refused; workspace= ignored on the
-CPU and checked on CUDA, where checkpoints are refused (NotImplementedError) for now."""
+CPU; on CUDA (the recurrent kernel) bit for bit against prefix prefills on the same kernel."""
 
 import inspect
 import re
@@ -50,7 +50,7 @@ def in_layout(state, layout):
 def raw(x):
     """The bytes of an array or tensor (for bit-for-bit comparisons)."""
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        return x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
     return np.ascontiguousarray(x).tobytes()
 
 
@@ -516,7 +516,7 @@ def test_fake_tensor_mode_gives_checkpoint_shapes():
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA: workspace= is used and checked; checkpoints refused for now
+# CUDA: workspace= is used and checked; checkpoints on the recurrent kernel
 
 def _cuda_call(p, **kw):
     out = torch.full((1, sum(LENGTHS), H, K), OUT_SENTINEL, dtype=torch.bfloat16, device="cuda")
@@ -569,18 +569,17 @@ def test_cuda_workspace_is_used_and_checked():
 @needs_torch
 @needs_cuda[0]
 @needs_cuda[1]
-def test_cuda_checkpoints_are_not_implemented():
-    p = to_torch(problem(140), "cuda")
-    ckpt = torch.full((N, C, H, K, K), SENTINEL, device="cuda")
-    offs = torch.from_numpy(offsets()).cuda()
-    message = re.escape("checkpoint_offsets: prefix checkpoints are not supported on the CUDA path yet")
-    with pytest.raises(NotImplementedError, match=message):
-        _cuda_call(p, checkpoint_offsets=offs, checkpoint_state=ckpt)
-    with pytest.raises(NotImplementedError, match=message):
-        flashkda.forward(p["q"], p["k"], p["v"], p["g"], p["beta"], A_log=p["A_log"], dt_bias=p["dt_bias"],
-                         cu_seqlens=p["cu_seqlens"], checkpoint_offsets=offs)
-    torch.cuda.synchronize()
-    assert (ckpt == SENTINEL).all()
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_cuda_checkpoints_equal_prefix_prefills_on_the_recurrent_kernel(layout, monkeypatch):
+    """On CUDA, calls with checkpoints run on the recurrent kernel (the chunked prefill does not
+    write them yet); forced onto it, the prefix prefills give the checkpoints bit for bit, and
+    both are within the bar of the oracle."""
+    monkeypatch.setenv("FLASHKDA_CUDA_KERNELS", "recurrent")
+    p = problem(140 + LAYOUTS[layout])
+    init = in_layout(p["initial_state"], layout)
+    _, _, ckpt = fwd_with_checkpoints(p, "cuda", layout, init, OFFSETS)
+    assert ckpt.is_cuda
+    check_checkpoints(p, ckpt, OFFSETS, "cuda", layout, init, oracle=True)
 
 
 @needs_torch

@@ -4,7 +4,8 @@ tensors and NumPy arrays, against the fp64 oracle: T = 1..8 tokens per request, 
 state layouts, float32 and bfloat16 pools, int32 and int64 indices, padding requests; speculative
 verify (per-token states into their slots, the start slot the accepted one); slots nobody
 addresses left bit for bit; prefill into the pool then decode equal to one longer prefill; the
-refusals, each naming its keyword; CUDA tensors refused (NotImplementedError) for now."""
+refusals, each naming its keyword. Every framework-parametrized case also runs on CUDA tensors
+where there is a GPU (the recurrent kernel), and a decode step runs inside a captured CUDA graph."""
 
 import re
 
@@ -13,7 +14,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, normal_pool, to_fw, torch, needs_torch, FRAMEWORKS
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, normal_pool, to_fw, torch, needs_torch, needs_cuda, DEVICE_FRAMEWORKS
 
 H = 2
 N = 4  # requests
@@ -48,7 +49,7 @@ def kda(x, **kw):
 def raw(x):
     """The bytes of an array or tensor (for bit-for-bit comparisons)."""
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        return x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
     return np.ascontiguousarray(x).tobytes()
 
 
@@ -123,7 +124,7 @@ DECODE_CASES = [  # T, gate, layout, pool dtype, index dtype: T = 1 most
 
 
 @pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", DECODE_CASES)
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_decode_against_the_oracle(fw, T, gate, layout, pool_dtype, index_dtype):
     seed = 1000 + 37 * T + 5 * LAYOUTS[layout] + 3 * GATE_IDS[gate]
     p = requests(T, seed)
@@ -140,7 +141,7 @@ def test_decode_against_the_oracle(fw, T, gate, layout, pool_dtype, index_dtype)
     check_slots(pool, before, {int(idx[n]): ref_state[n] for n in range(N) if idx[n] >= 0}, layout)
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_decode_packed_requests_with_cu_seqlens_into_a_given_out(fw):
     """Packed [1, total, H, *] with cu_seqlens, requests of 1, 3, 0 and 2 tokens; a given out keeps
     the padding request's rows."""
@@ -205,7 +206,7 @@ VERIFY_CASES = [  # T, gate, layout, pool dtype, index dtype
 
 
 @pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", VERIFY_CASES)
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_verify_with_decode_and_token_state_indices(fw, T, gate, layout, pool_dtype, index_dtype):
     seed = 3000 + 11 * T
     p = requests(T, seed)
@@ -222,7 +223,7 @@ def test_verify_with_decode_and_token_state_indices(fw, T, gate, layout, pool_dt
 
 
 @pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", VERIFY_CASES)
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_verify_with_fused_recurrent_kda_and_random_accepted_counts(fw, T, gate, layout, pool_dtype, index_dtype):
     """ssm_state_indices [N, T] with num_accepted_tokens: request n starts from the slot of its
     last accepted token, and the state after each draft token lands in that token's slot."""
@@ -329,7 +330,7 @@ def test_fused_recurrent_kda_one_slot_per_request(inplace, state_v_first, lower_
 
 @pytest.mark.parametrize("state_v_first", [False, True])
 @pytest.mark.parametrize("inplace", [True, False])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_fused_recurrent_kda_per_request_states(fw, inplace, state_v_first):
     """Without ssm_state_indices: initial_state [N, H, K, V] (V-major with state_v_first), updated in
     place and returned, or left as it was with a new final state returned."""
@@ -363,7 +364,7 @@ def test_fused_recurrent_kda_without_initial_state_starts_from_zero():
 # Decode after prefill from the same pool
 
 @pytest.mark.parametrize("gate", ["safe", "softplus"])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_decode_after_prefill_equals_one_longer_prefill(fw, gate):
     """Prefill 40 tokens into the pool (flashkda.forward with state_indices), then 3 decode steps of
     1 token each (flashkda.decode) from the same pool: the 3 outputs and the final states equal
@@ -412,7 +413,7 @@ def _verify_setup(fw, T=3):
 
 
 @pytest.mark.parametrize("bad", [0, 4, -1])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_num_accepted_tokens_outside_1_to_T_is_refused(fw, bad):
     p, idx, accepted, pool, before = _verify_setup(fw)
     accepted[3] = bad
@@ -424,7 +425,7 @@ def test_num_accepted_tokens_outside_1_to_T_is_refused(fw, bad):
     assert raw(pool) == before
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_num_accepted_tokens_of_the_wrong_kind_or_without_verify_is_refused(fw):
     p, idx, accepted, pool, before = _verify_setup(fw)
     x = call_inputs(p, fw)
@@ -448,7 +449,7 @@ def test_num_accepted_tokens_of_the_wrong_kind_or_without_verify_is_refused(fw):
     ("use_gate_in_kernel", "flashkda always computes the log-decay inside, from the raw gate input g"),
     ("use_beta_sigmoid_in_kernel", "flashkda always applies the sigmoid to beta inside"),
 ])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_use_in_kernel_false_is_not_implemented(fw, keyword, says):
     p, idx, accepted, pool, before = _verify_setup(fw)
     with pytest.raises(NotImplementedError, match=re.escape(f"{keyword}=False: {says}")):
@@ -457,7 +458,7 @@ def test_use_in_kernel_false_is_not_implemented(fw, keyword, says):
     assert raw(pool) == before
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_not_inplace_with_per_token_slots_is_refused(fw):
     p, idx, accepted, pool, before = _verify_setup(fw)
     with pytest.raises(ValueError, match=re.escape("inplace_final_state=False: with ssm_state_indices [N, T] "
@@ -468,7 +469,7 @@ def test_not_inplace_with_per_token_slots_is_refused(fw):
     assert raw(pool) == before
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_decode_and_pool_arguments_refused_naming_them(fw):
     p = requests(1, 8100)
     x = call_inputs(p, fw)
@@ -569,29 +570,43 @@ def test_torch_compile_fullgraph_decode_updates_the_pool(call):
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA: refused for now
+# CUDA graphs: how engines run decode
 
 @needs_torch
-@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="torch.cuda is not available")
+@needs_cuda
 @pytest.mark.skipif(not flashkda.WITH_CUDA, reason="flashkda was built without its CUDA kernels")
-def test_cuda_decode_is_not_implemented():
-    T = 3
-    p = to_torch(requests(T, 9900), "cuda")
-    idx, accepted, slots = verify_slots(T, 9901, "int64")
-    pool = torch.zeros(slots, H, K, K, device="cuda")
-    x = [p[name] for name in INPUTS]
-    idx, accepted = torch.from_numpy(idx).cuda(), torch.from_numpy(accepted).cuda()
-    start = torch.arange(N, device="cuda")
-    with pytest.raises(NotImplementedError, match="not supported on the CUDA path yet"):
-        flashkda.decode(*x[:5], A_log=x[5], dt_bias=x[6], state_pool=pool, state_indices=start)
-    with pytest.raises(NotImplementedError, match="not supported on the CUDA path yet"):
-        flashkda.decode(*x[:5], A_log=x[5], dt_bias=x[6], state_pool=pool, state_indices=start,
-                        token_state_indices=idx)
-    with pytest.raises(NotImplementedError, match="not supported on the CUDA path yet"):
-        kda(x, initial_state=pool, ssm_state_indices=start, lower_bound=-5.0,
-                                     state_v_first=True)
-    with pytest.raises(NotImplementedError, match="not supported on the CUDA path yet"):
-        kda(x, initial_state=pool, ssm_state_indices=idx, num_accepted_tokens=accepted,
-                                     lower_bound=-5.0, state_v_first=True)
-    torch.cuda.synchronize()
-    assert (pool == 0).all()
+def test_cuda_decode_in_a_captured_graph_replayed_with_new_slots_and_inputs():
+    """One decode step captured in a torch CUDA graph (pool, indices, inputs and out in fixed
+    buffers), replayed with new slots and inputs copied in: each replay matches the oracle, the
+    padding request's out rows and every slot not addressed stay as they were."""
+    T = 1
+    x = [to_fw(a, "cuda") for a in call_inputs(requests(T, 9900), "numpy")]
+    pool = to_fw(random_pool("float32", 9901), "cuda")
+    idx = torch.arange(N, dtype=torch.int32, device="cuda")
+    out = torch.full((N, T, H, K), SENTINEL, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        flashkda.decode(*x[:5], A_log=x[5], dt_bias=x[6], state_pool=pool, state_indices=idx, out=out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for r in range(3):
+        p = requests(T, 9910 + r)
+        for dst, src in zip(x, call_inputs(p, "cuda")):
+            dst.copy_(src)
+        slots = decode_slots(9920 + r, padding=(r,))
+        idx.copy_(torch.from_numpy(slots.astype(np.int32)))
+        out.fill_(SENTINEL)
+        pool0 = pool.cpu().numpy()
+        before = slot_bytes(pool)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_state = pool_oracle(p, pool0, slots, "vk")
+        check_out(out, ref_out, slots, sentinel=SENTINEL)
+        check_slots(pool, before, {int(slots[n]): ref_state[n] for n in range(N) if slots[n] >= 0}, "vk")

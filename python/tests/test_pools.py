@@ -3,7 +3,8 @@ CPU backend with torch tensors and NumPy arrays, against the fp64 oracle: shuffl
 in place, final states into other slots or a second pool, padding sequences (their out rows
 kept), both state layouts, float32 and bfloat16 pools, int32 and int64 indices, slots nobody
 addresses left bit for bit; the refusals, each naming its argument; torch.compile(fullgraph=True)
-seeing the pool mutated; JAX refused; CUDA tensors refused (NotImplementedError) for now."""
+seeing the pool mutated; JAX refused. The framework-parametrized cases also run on CUDA tensors
+where there is a GPU (the recurrent kernel takes pools)."""
 
 import re
 
@@ -12,7 +13,7 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch, normal_pool, to_fw, torch, needs_torch, FRAMEWORKS
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, oracle, rel, to_torch, normal_pool, to_fw, torch, needs_torch, FRAMEWORKS, DEVICE_FRAMEWORKS
 
 H = 2
 LENGTHS = [9, 0, 17, 5]  # N = 4, one empty sequence among them
@@ -45,7 +46,7 @@ def sentinel_out(p, fw):
 def raw(x):
     """The bytes of an array or tensor (for bit-for-bit comparisons)."""
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        return x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
     return np.ascontiguousarray(x).tobytes()
 
 
@@ -107,7 +108,7 @@ def shuffled_slots(seed, count=N, slots=P):
 @pytest.mark.parametrize("index_dtype", ["int64", "int32"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", ["vk", "kv"])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_forward_updates_shuffled_slots_in_place(fw, layout, state_dtype, index_dtype):
     seed = 10 * LAYOUTS[layout] + 3 * (state_dtype == "bfloat16") + (index_dtype == "int32")
     p = problem(seed)
@@ -129,7 +130,7 @@ def test_forward_updates_shuffled_slots_in_place(fw, layout, state_dtype, index_
 @pytest.mark.parametrize("layout, state_dtype, index_dtype", [
     ("vk", "float32", "int64"), ("kv", "bfloat16", "int32"), ("kv", "float32", "int64"), ("vk", "bfloat16", "int32"),
 ])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_fwd_writes_final_slots_of_a_second_pool(fw, layout, state_dtype, index_dtype):
     """fwd maps onto the C++ call: a read pool, a written pool, final_state_indices, padding
     (sequence 1, negative state index) and a final state not written (sequence 3)."""
@@ -152,7 +153,7 @@ def test_fwd_writes_final_slots_of_a_second_pool(fw, layout, state_dtype, index_
     check_results(p, out, ref_out, final, before, ref_state, idx, fidx, layout)
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_fwd_one_pool_in_place_with_final_slots(fw):
     """initial_state and final_state the same tensor; sequences start from four slots and write
     the four others."""
@@ -171,7 +172,7 @@ def test_fwd_one_pool_in_place_with_final_slots(fw):
     check_results(p, out, ref_out, pool, before, ref_state, idx, fidx, "vk")  # the slots read: untouched
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_padding_keeps_out_rows_and_allocated_out_is_zero_there(fw):
     p = problem(60)
     pool0 = random_pool("bfloat16", 61)
@@ -200,7 +201,7 @@ def test_padding_keeps_out_rows_and_allocated_out_is_zero_there(fw):
         np.testing.assert_array_equal(as_f64(out2[0, rows(p, n)]), want)
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_fwd_without_initial_state_starts_from_zero(fw):
     p = problem(70)
     ref_out, ref_state = oracle(p)  # no initial state: every sequence from zero
@@ -215,7 +216,7 @@ def test_fwd_without_initial_state_starts_from_zero(fw):
 
 
 @pytest.mark.parametrize("layout", ["vk", "kv"])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_chunked_prefill_continues_from_the_pool(fw, layout):
     """Two calls on consecutive chunks of the same prompts and slots: the second starts from the
     states the first wrote in place; together they are one call on the whole prompts."""
@@ -252,7 +253,7 @@ def test_chunked_prefill_continues_from_the_pool(fw, layout):
 
 
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", FRAMEWORKS)  # on CUDA "kv" and "vk" take different kernels: not bit for bit
 def test_k_major_states_without_pools(fw, state_dtype):
     """state_layout="kv" without state_indices: [N, H, K, V] states in, and allocated out."""
     p = problem(90)
@@ -292,7 +293,7 @@ def _refusal_setup(fw):
                                  "the same buffer"),
 ])
 @pytest.mark.parametrize("index_dtype", ["int64", "int32"])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_bad_indices_are_refused_naming_the_argument(fw, index_dtype, idx, fidx, message):
     p, pool, out, before = _refusal_setup(fw)
     q, k, v, g, beta, A_log, dt_bias, cu = call_args(p, fw)
@@ -307,7 +308,7 @@ def test_bad_indices_are_refused_naming_the_argument(fw, index_dtype, idx, fidx,
     assert raw(pool) == before and np.all(as_f64(out) == SENTINEL)  # refused before anything is written
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_duplicate_final_slots_in_a_second_pool_are_refused(fw):
     p, pool, out, before = _refusal_setup(fw)
     final = to_fw(np.zeros((P, H, K, K), np.float32), fw)
@@ -322,7 +323,7 @@ def test_duplicate_final_slots_in_a_second_pool_are_refused(fw):
 
 
 @pytest.mark.parametrize("bad", ["VK", "k-major", "", 0, 1, None])
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_bad_state_layout_is_refused_naming_it(fw, bad):
     p, pool, out, before = _refusal_setup(fw)
     q, k, v, g, beta, A_log, dt_bias, cu = call_args(p, fw)
@@ -336,7 +337,7 @@ def test_bad_state_layout_is_refused_naming_it(fw, bad):
     assert raw(pool) == before
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_pool_arguments_missing_or_of_the_wrong_kind(fw):
     p, pool, out, before = _refusal_setup(fw)
     q, k, v, g, beta, A_log, dt_bias, cu = call_args(p, fw)
@@ -520,24 +521,3 @@ def test_fake_tensor_mode_gives_pool_and_k_major_shapes():
                                            K ** -0.5, 0, False, True, fake_idx, None, 1)
         assert fs.shape == pool.shape and fs.dtype == torch.bfloat16
 
-
-# ---------------------------------------------------------------------------------------------
-# CUDA: refused for now
-
-@needs_torch
-@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="torch.cuda is not available")
-@pytest.mark.skipif(not flashkda.WITH_CUDA, reason="flashkda was built without its CUDA kernels")
-def test_cuda_pools_and_k_major_states_are_not_implemented():
-    p = to_torch(problem(170), "cuda")
-    pool = torch.zeros(P, H, K, K, device="cuda")
-    out = torch.full((1, sum(LENGTHS), H, K), SENTINEL, dtype=torch.bfloat16, device="cuda")
-    args = (p["q"], p["k"], p["v"], p["g"], p["beta"])
-    kw = dict(A_log=p["A_log"], dt_bias=p["dt_bias"], cu_seqlens=p["cu_seqlens"], out=out)
-    with pytest.raises(NotImplementedError, match=re.escape("state_indices: state pools are not supported on the "
-                                                            "CUDA path yet")):
-        flashkda.forward(*args, initial_state=pool, state_indices=torch.arange(N, device="cuda"), **kw)
-    with pytest.raises(NotImplementedError, match=re.escape("state_layout: the K-major state layout is not "
-                                                            "supported on the CUDA path yet")):
-        flashkda.forward(*args, initial_state=pool[:N], state_layout="kv", **kw)
-    torch.cuda.synchronize()
-    assert (pool == 0).all() and (out == SENTINEL).all()

@@ -1,5 +1,5 @@
-// forward(): validate, find where the tensors live, check cu_seqlens, run the backend.
-#include <utility>
+// forward(): validate, find where the tensors live, check the index arrays, run the backend.
+#include <vector>
 
 #include "api/arguments.h"
 #include "api/validate.h"
@@ -38,39 +38,35 @@ Backend locate_all(const ForwardArgs& a) {
   return Backend::kCuda;
 }
 
-void check_device_sequence_offsets(const Problem& p, SeqlenCheck mode, cudaStream_t stream) {
-  if (!p.cu_seqlens || mode == SeqlenCheck::kDeviceGuardsOnly || gpu::stream_is_capturing(stream)) return;
-  const size_t bytes = static_cast<size_t>(p.N + 1) * dtype_size(p.cu_seqlens_dtype);
-  std::vector<unsigned char> host(bytes);
-  gpu::copy_to_host_sync(host.data(), p.cu_seqlens, bytes, stream);
-  Problem on_host = p;
-  on_host.cu_seqlens = host.data();
-  validate_sequence_offsets(host_sequence_offsets(on_host), p.total_tokens);
-}
-
-// The CUDA prefill's plan for a validated problem: kernel choice and workspace layout.
-gpu::PrefillPlan cuda_plan(const Problem& p) {
-  if (p.gate != Gate::kSafe)
-    fail(ErrorCode::kUnsupported, "gate: the softplus gate is not supported on the CUDA path yet; "
-         "use the safe gate, or host tensors for the CPU backend");
-  if (p.state_indices)
-    fail(ErrorCode::kUnsupported, "state_indices: state pools are not supported on the CUDA path yet; "
-         "pass [N, H, V, K] states, or host tensors for the CPU backend");
-  for (const auto& [name, rows] : {std::pair<const char*, const RowStrides&>{"q", p.q_rows}, {"k", p.k_rows},
-                                   {"v", p.v_rows}, {"g", p.g_rows}, {"beta", p.beta_rows}})
-    if (!rows.dense)
-      fail(ErrorCode::kUnsupported, name, ": strided views are not supported on the CUDA path yet; pass a contiguous "
-           "tensor, or host tensors for the CPU backend");
-  if (p.token_state_indices)
-    fail(ErrorCode::kUnsupported, "token_state_indices: per-token states are not supported on the CUDA path yet; "
-         "pass host tensors for the CPU backend");
-  if (p.checkpoint_offsets)
-    fail(ErrorCode::kUnsupported, "checkpoint_offsets: prefix checkpoints are not supported on the CUDA path yet; "
-         "pass host tensors for the CPU backend");
-  if (p.state_layout != StateLayout::kVK)
-    fail(ErrorCode::kUnsupported, "state_layout: the K-major state layout is not supported on the CUDA path yet; "
-         "pass V-major [N, H, V, K] states, or host tensors for the CPU backend");
-  return gpu::plan_prefill(p);
+// The index arrays forward() checks on the host: cu_seqlens, the state indices, the checkpoint
+// offsets. On the CUDA path they are copied to the host (one synchronisation for all of them),
+// except with SeqlenCheck::kDeviceGuardsOnly or while the stream is captured into a CUDA graph,
+// where only the kernels' guards apply (bad values never reach outside a tensor).
+void check_indices(const Problem& p, bool on_device, SeqlenCheck mode, cudaStream_t stream) {
+  const bool any = p.cu_seqlens || p.state_indices || p.checkpoint_offsets;
+  if (on_device && (!any || mode == SeqlenCheck::kDeviceGuardsOnly || gpu::stream_is_capturing(stream))) return;
+  Problem host = p;
+  std::vector<std::vector<unsigned char>> buffers;
+  buffers.reserve(5);  // the pointers handed out below stay valid
+  if (on_device) {
+    std::vector<gpu::HostCopy> copies;
+    auto to_host = [&](const void*& field, DType dtype, int64_t count) {
+      if (!field) return;
+      buffers.emplace_back(static_cast<size_t>(count) * dtype_size(dtype));
+      copies.push_back({buffers.back().data(), field, buffers.back().size()});
+      field = buffers.back().data();
+    };
+    to_host(host.cu_seqlens, p.cu_seqlens_dtype, p.N + 1);
+    to_host(host.state_indices, p.state_indices_dtype, p.N);
+    to_host(host.final_state_indices, p.final_state_indices_dtype, p.N);
+    to_host(host.token_state_indices, p.token_state_indices_dtype, p.N * p.token_state_columns);
+    to_host(host.checkpoint_offsets, p.checkpoint_offsets_dtype, p.N * p.checkpoints);
+    gpu::copy_to_host_sync(copies, stream);
+  }
+  const std::vector<int64_t> offsets = host_sequence_offsets(host);
+  if (host.cu_seqlens) validate_sequence_offsets(offsets, p.total_tokens);
+  validate_state_slots(host, offsets);
+  validate_checkpoint_offsets(host, offsets);
 }
 
 }  // namespace
@@ -79,20 +75,17 @@ Backend backend_for(const ForwardArgs& args) { return locate_all(args); }
 
 size_t forward_workspace_size(const ForwardArgs& args) {
   const Problem p = validate_forward(args);
-  return locate_all(args) == Backend::kCpu ? 0 : cuda_plan(p).workspace_bytes();
+  return locate_all(args) == Backend::kCpu ? 0 : gpu::plan_cuda(p).workspace_bytes();
 }
 
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const Problem p = validate_forward(args);
   if (locate_all(args) == Backend::kCpu) {
-    const std::vector<int64_t> offsets = host_sequence_offsets(p);
-    if (p.cu_seqlens) validate_sequence_offsets(offsets, p.total_tokens);
-    validate_state_slots(p, offsets);
-    validate_checkpoint_offsets(p, offsets);
+    check_indices(p, false, args.seqlen_check, stream);
     cpu_forward(p);
     return;
   }
-  const gpu::PrefillPlan plan = cuda_plan(p);  // args are validated and located already
+  const gpu::CudaPlan plan = gpu::plan_cuda(p);  // args are validated and located already
   const size_t needed = plan.workspace_bytes();
   if (needed > 0) {
     if (!workspace)
@@ -106,8 +99,8 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, c
     if (!info.on_device || info.device != gpu::current_device())
       fail(ErrorCode::kInvalidArgument, "workspace: expected device memory on the current CUDA device");
   }
-  check_device_sequence_offsets(p, args.seqlen_check, stream);
-  gpu::prefill_forward(p, plan, workspace, stream);
+  check_indices(p, true, args.seqlen_check, stream);
+  gpu::cuda_forward(p, plan, workspace, stream);
 }
 
 }  // namespace flashkda

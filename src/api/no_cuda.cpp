@@ -11,13 +11,13 @@ int current_device() { return -1; }
 std::string device_name() { return ""; }
 bool stream_is_capturing(cudaStream_t) { return false; }
 
-void copy_to_host_sync(void*, const void*, size_t, cudaStream_t) {
+void copy_to_host_sync(const std::vector<HostCopy>&, cudaStream_t) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA: no device memory can be read");
 }
-PrefillPlan plan_prefill(const Problem&) {
+CudaPlan plan_cuda(const Problem&) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
 }
-void prefill_forward(const Problem&, const PrefillPlan&, void*, cudaStream_t) {
+void cuda_forward(const Problem&, const CudaPlan&, void*, cudaStream_t) {
   fail(ErrorCode::kNoDevice, "flashkda was built without CUDA kernels: pass host tensors for the CPU backend");
 }
 

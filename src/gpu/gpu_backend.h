@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "common/problem.h"
 
@@ -19,8 +20,14 @@ int device_count();
 int current_device();
 std::string device_name();
 bool stream_is_capturing(cudaStream_t stream);
-// Copies `bytes` from device memory to the host and waits for it (orders after `stream`).
-void copy_to_host_sync(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+// Copies each `bytes` from device memory to the host and waits for them all, once (ordered after
+// `stream`).
+struct HostCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+void copy_to_host_sync(const std::vector<HostCopy>& copies, cudaStream_t stream);
 
 // What the CUDA prefill runs for one problem: every launcher decision (state-pass form and
 // layout, the FLASHKDA_* overrides read once, the workspace layout), made once per call by
@@ -46,8 +53,29 @@ struct PrefillPlan {
   }
 };
 
-// The prefill kernels (K = V = 128, safe gate).
+// The chunked prefill kernels (K = V = 128, safe gate, V-major [N, H, V, K] states, dense inputs).
 PrefillPlan plan_prefill(const Problem& p);
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream);
+
+// The recurrent kernel (gpu/decode/): the per-token definition with the state in registers, one
+// pass over each state. Takes everything the contract allows (pools in either layout and dtype,
+// per-token states, checkpoints, strided inputs, both gates); needs no workspace.
+void recurrent_forward(const Problem& p, cudaStream_t stream);
+
+// Which CUDA kernels run a problem, decided once per call from its shapes and the features it
+// uses, never from device data: forward_workspace_size() agrees with forward(), and a call being
+// captured into a CUDA graph takes the same kernels as one that is not.
+struct CudaPlan {
+  enum class Kernels : int32_t {
+    kChunkedPrefill,  // prompts: prep + state pass (gpu/prefill/)
+    kRecurrent,       // decode-shaped calls, and the features the chunked prefill lacks so far
+  };
+  Kernels kernels = Kernels::kChunkedPrefill;
+  PrefillPlan prefill;  // kChunkedPrefill only
+
+  size_t workspace_bytes() const { return kernels == Kernels::kRecurrent ? 0 : prefill.workspace_bytes(); }
+};
+CudaPlan plan_cuda(const Problem& p);
+void cuda_forward(const Problem& p, const CudaPlan& plan, void* workspace, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/random_problem.h"
+#include "common/run_forward.h"
 #include "cpu/oracle.h"
 
 namespace flashkda {
@@ -41,7 +42,7 @@ std::vector<float> prefix_final_state(const Problem& base, int64_t n, int64_t to
   p.final_state = final_state.data(), p.final_state_dtype = DType::kF32;
   p.checkpoint_offsets = nullptr, p.checkpoint_state = nullptr, p.checkpoints = 0;
   if (p.initial_state && p.initial_state_dtype == DType::kF32) {  // final_state must match its dtype
-    forward(testing::to_forward_args(p), nullptr, 0);
+    testing::run_forward(testing::to_forward_args(p));
   } else {
     p.initial_state_dtype = base.initial_state_dtype;
     ForwardArgs a = testing::to_forward_args(p);
@@ -51,7 +52,7 @@ std::vector<float> prefix_final_state(const Problem& base, int64_t n, int64_t to
       a.checkpoint_offsets = make_tensor(at, DType::kI64, 1, 1);
       a.checkpoint_state = make_tensor(final_state.data(), DType::kF32, 1, 1, H, V, K);
     }
-    forward(a, nullptr, 0);
+    testing::run_forward(a);
   }
   return final_state;
 }
@@ -71,7 +72,7 @@ CheckpointRun run_with_checkpoints(RandomProblem& rp, const std::vector<std::vec
   p.checkpoint_offsets_dtype = DType::kI64;
   p.checkpoint_state = r.states.data();
   p.checkpoints = C;
-  forward(testing::to_forward_args(p), nullptr, 0);
+  testing::run_forward(testing::to_forward_args(p));
   return r;
 }
 
@@ -133,7 +134,7 @@ TEST(Checkpoints, WithinTheBarOfTheOracleInBothLayouts) {
     std::vector<float> checkpoint(static_cast<size_t>(p.H * p.V * p.K));
     p.checkpoint_offsets = offsets, p.checkpoint_offsets_dtype = DType::kI64;
     p.checkpoint_state = checkpoint.data(), p.checkpoints = 1;
-    ASSERT_NO_THROW(forward(testing::to_forward_args(p), nullptr, 0));
+    ASSERT_NO_THROW(testing::run_forward(testing::to_forward_args(p)));
 
     Problem prefix = base;  // the oracle on the first 32 tokens
     const int64_t cu[] = {0, 32};
@@ -176,7 +177,7 @@ class CheckpointRefusals : public ::testing::Test {
   std::vector<float> states_;
 };
 
-TEST_F(CheckpointRefusals, ValidOffsetsRun) { EXPECT_NO_THROW(forward(testing::to_forward_args(p_), nullptr, 0)); }
+TEST_F(CheckpointRefusals, ValidOffsetsRun) { EXPECT_NO_THROW(testing::run_forward(testing::to_forward_args(p_))); }
 
 TEST_F(CheckpointRefusals, NotAMultipleOf16) {
   offsets_[1] = 24;

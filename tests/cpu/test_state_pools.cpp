@@ -14,6 +14,7 @@
 
 #include "common/bf16.h"
 #include "common/random_problem.h"
+#include "common/run_forward.h"
 #include "cpu/oracle.h"
 
 namespace flashkda {
@@ -132,7 +133,7 @@ void run_pool_case(const PoolCase& c, uint64_t seed) {
     p.final_state_indices = fidx.data();
     p.final_state_indices_dtype = c.index_dtype;
   }
-  ASSERT_NO_THROW(forward(testing::to_forward_args(p), nullptr, 0));
+  ASSERT_NO_THROW(testing::run_forward(testing::to_forward_args(p)));
 
   // The reference: the plain [N, H, V, K] problem.
   std::vector<double> ref_out(rp.out_size()), ref_state(rp.state_size());
@@ -205,7 +206,7 @@ TEST(StatePools, KMajorStatesWithoutIndices) {
   p.state_layout = StateLayout::kKV;
   p.initial_state = initial.data();
   p.final_state = final_pool.data();
-  ASSERT_NO_THROW(forward(testing::to_forward_args(p), nullptr, 0));
+  ASSERT_NO_THROW(testing::run_forward(testing::to_forward_args(p)));
   std::vector<double> ref_out(rp.out_size()), ref_state(rp.state_size());
   oracle_forward(base, ref_out.data(), ref_state.data());
   EXPECT_LE(rel_error(ref_out.data(), out.data(), out.size()), kBar);
@@ -257,7 +258,7 @@ TEST(StatePools, PerTokenStatesForSpeculativeVerify) {
     p.state_indices = start.data();
     p.token_state_indices = idx.data();
     p.token_state_columns = T_max;
-    ASSERT_NO_THROW(forward(testing::to_forward_args(p), nullptr, 0));
+    ASSERT_NO_THROW(testing::run_forward(testing::to_forward_args(p)));
 
     const std::vector<int64_t> offsets = host_sequence_offsets(base);
     std::vector<bool> written(static_cast<size_t>(slots), false);
@@ -338,7 +339,7 @@ class PoolRefusals : public ::testing::Test {
   std::vector<int64_t> idx_ = {4, 0, 2}, fidx_ = {1, 3, 5};
 };
 
-TEST_F(PoolRefusals, ValidPoolRuns) { EXPECT_NO_THROW(forward(testing::to_forward_args(p_), nullptr, 0)); }
+TEST_F(PoolRefusals, ValidPoolRuns) { EXPECT_NO_THROW(testing::run_forward(testing::to_forward_args(p_))); }
 
 TEST_F(PoolRefusals, IndexOutsideThePool) {
   idx_[1] = 6;

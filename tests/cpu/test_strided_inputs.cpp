@@ -11,6 +11,7 @@
 
 #include "common/bf16.h"
 #include "common/random_problem.h"
+#include "common/run_forward.h"
 
 namespace flashkda {
 namespace {
@@ -60,7 +61,7 @@ void expect_strided_equals_contiguous(const ProblemSpec& spec) {
   RandomProblem rp(spec);
   const Problem& p = rp.problem();
   const ForwardArgs contiguous = testing::to_forward_args(p);
-  ASSERT_NO_THROW(forward(contiguous, nullptr, 0));
+  ASSERT_NO_THROW(testing::run_forward(contiguous));
   const std::vector<uint16_t> want_out(rp.out(), rp.out() + rp.out_size());
   const std::vector<float> want_state = rp.final_f32;
 
@@ -72,7 +73,7 @@ void expect_strided_equals_contiguous(const ProblemSpec& spec) {
   std::vector<float> state(want_state.size(), -1.0f);
   strided.out.data = out.data();
   strided.final_state.data = state.data();
-  ASSERT_NO_THROW(forward(strided, nullptr, 0));
+  ASSERT_NO_THROW(testing::run_forward(strided));
   EXPECT_TRUE(out == want_out) << "out differs from the contiguous run";
   EXPECT_TRUE(state == want_state) << "final_state differs from the contiguous run";
 }
@@ -134,7 +135,7 @@ TEST(StridedInputs, WithPoolsAndCheckpoints) {
       a.q = fused.view(0), a.k = fused.view(1), a.g = fused.view(2), a.v = fused.view(3);
       a.beta = fused.beta_view();
     }
-    forward(a, nullptr, 0);
+    testing::run_forward(a);
   };
   std::vector<uint16_t> out_c, out_s;
   std::vector<float> pool_c, pool_s, ckpt_c, ckpt_s;
@@ -162,7 +163,7 @@ TEST(StridedInputs, EmptyTensorsWithAnyStridesAreDense) {
   ForwardArgs a = testing::to_forward_args(rp.problem());
   const int64_t strides[] = {256, 256, 128, 1};
   for (int i = 0; i < 4; ++i) a.out.strides[i] = strides[i];
-  EXPECT_NO_THROW(forward(a, nullptr, 0));
+  EXPECT_NO_THROW(testing::run_forward(a));
   EXPECT_TRUE(rp.final_f32 == rp.init_f32) << "no tokens: the final state is the initial one";
 }
 
@@ -190,7 +191,7 @@ class StridedRefusals : public ::testing::Test {
   ForwardArgs a_;
 };
 
-TEST_F(StridedRefusals, AStridedQRuns) { EXPECT_NO_THROW(forward(a_, nullptr, 0)); }
+TEST_F(StridedRefusals, AStridedQRuns) { EXPECT_NO_THROW(testing::run_forward(a_)); }
 
 TEST_F(StridedRefusals, OutMustBeDense) {
   const int64_t shape[] = {1, 32, 2, kD}, strides[] = {32 * 2 * 256, 2 * 256, 256, 1};

@@ -42,9 +42,9 @@ ProblemSpec packed(std::vector<int64_t> lens, int64_t heads, uint64_t seed) {
   return s;
 }
 
-void expect_matches_oracle(const ProblemSpec& spec) {
+void expect_matches_oracle(RandomProblem& host) {
+  const ProblemSpec& spec = host.spec();
   SCOPED_TRACE(spec.describe());
-  RandomProblem host(spec);
   DeviceProblem dev(host);
 
   dev.poison_outputs();
@@ -74,6 +74,11 @@ void expect_matches_oracle(const ProblemSpec& spec) {
     EXPECT_LE(e_state, kBar) << "final_state";
   }
   std::printf("  [gpu vs oracle] %-70s out %.2e  state %.2e\n", spec.describe().c_str(), e_out, e_state);
+}
+
+void expect_matches_oracle(const ProblemSpec& spec) {
+  RandomProblem host(spec);
+  expect_matches_oracle(host);
 }
 
 // Lengths 0, 1, 15, 16, 17, 33, 1000, 4097, 8192 as single sequences.
@@ -186,15 +191,20 @@ TEST_P(GpuPrefillLayout, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4"));
 
-// A suite that forces one launcher path on (its variable set to 1) for each of its tests.
+// A suite that forces one launcher path of the chunked prefill on (its variable set to 1) for
+// each of its tests, on the chunked kernels even where a call is decode-shaped.
 class GpuPrefillForced : public GpuPrefill {
  protected:
   explicit GpuPrefillForced(const char* variable) : variable_(variable) {}
   void SetUp() override {
     GpuPrefill::SetUp();
     setenv(variable_, "1", 1);
+    setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);
   }
-  void TearDown() override { unsetenv(variable_); }
+  void TearDown() override {
+    unsetenv(variable_);
+    unsetenv("FLASHKDA_CUDA_KERNELS");
+  }
 
  private:
   const char* variable_;
@@ -421,7 +431,9 @@ TEST_F(GpuPrefill, ExactAliasesGiveTheSeparateResult) {
   const Form forms[] = {{"FLASHKDA_STATE_CONFIG", "8x1", {300, 17, 64}},
                         {"FLASHKDA_STATE_CONFIG", "1x4", {300, 17, 64}},
                         {"FLASHKDA_PERSISTENT", "1", {300, 17, 64}},
-                        {"FLASHKDA_SPLIT", "1", {1000}}};
+                        {"FLASHKDA_SPLIT", "1", {1000}},
+                        {"FLASHKDA_CUDA_KERNELS", "recurrent", {300, 17, 64}},
+                        {"FLASHKDA_CUDA_KERNELS", "recurrent", {1, 4, 0, 2}}};
   for (const Form& form : forms) {
     setenv(form.variable, form.value, 1);
     const ProblemSpec s = packed(form.lens, 3, 610);
@@ -476,34 +488,50 @@ ErrorCode run_expecting_error(DeviceProblem& dev, const ForwardArgs& a, std::str
   return ErrorCode::kOk;
 }
 
-TEST_F(GpuPrefill, SoftplusGateRefused) {
-  RandomProblem host(packed({10}, 1, 22));
-  DeviceProblem dev(host);
-  ForwardArgs a = dev.args();
-  a.gate = Gate::kSoftplus;
-  std::string msg;
-  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("softplus"));
+// The softplus gate runs on the recurrent kernel (the chunked prefill does not implement it yet),
+// with Kimi-Linear-like parameters: A_log in [-1, 2.7], g + dt_bias up to +-30 (decays from none
+// to a full wipe within a token), lengths around the chunk size and one long sequence.
+TEST_F(GpuPrefill, SoftplusGateMatchesOracle) {
+  ProblemSpec spec = packed({40, 0, 1, 17, 300}, 3, 22);
+  spec.gate = Gate::kSoftplus;
+  spec.g_input = GateInput::kUniform8;
+  spec.dt_bias_input = DtBiasInput::kWide;
+  RandomProblem host(spec);
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<float> a_log(-1.0f, 2.7f), bias(-22.0f, 22.0f);
+  for (float& a : host.A_log) a = a_log(rng);
+  for (float& b : host.dt_bias) b = bias(rng);
+  expect_matches_oracle(host);
+  spec.seqlens = {1, 3, 8, 2};  // decode-shaped
+  expect_matches_oracle(spec);
 }
 
-// State pools, the K-major layout, checkpoints and strided inputs run on the CPU backend so far:
-// the CUDA path says so (none of these reach a kernel).
-TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
+// What the chunked prefill does not implement yet runs on the recurrent kernel; forced onto the
+// chunked kernels (FLASHKDA_CUDA_KERNELS=chunked), each is refused by name, before any kernel runs.
+TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
+  struct ForceChunked {
+    ForceChunked() { setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1); }
+    ~ForceChunked() { unsetenv("FLASHKDA_CUDA_KERNELS"); }
+  } force;
   RandomProblem host(packed({10, 7}, 1, 26));
   DeviceProblem dev(host);
   ForwardArgs a = dev.args();
   std::string msg;
+  a.gate = Gate::kSoftplus;
+  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("gate: the chunked prefill does not implement the softplus gate yet"));
+  a = dev.args();
   int64_t* idx = nullptr;
   const int64_t host_idx[] = {1, 0};
   check_cuda(cudaMalloc(&idx, sizeof host_idx), "indices");
   check_cuda(cudaMemcpy(idx, host_idx, sizeof host_idx, cudaMemcpyHostToDevice), "indices");
   a.state_indices = make_tensor(idx, DType::kI64, 2);
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("state_indices: state pools are not supported on the CUDA path yet"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("state_indices: the chunked prefill does not implement state pools yet"));
   a = dev.args();
   a.state_layout = StateLayout::kKV;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the K-major state layout is not supported"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the chunked prefill does not implement the K-major"));
   a = dev.args();  // checkpoints (offsets 0 and 16 of each sequence)
   const int64_t host_offsets[] = {0, 16, 0, -1};
   int64_t* offsets = nullptr;
@@ -514,7 +542,7 @@ TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
   a.checkpoint_offsets = make_tensor(offsets, DType::kI64, 2, 2);
   a.checkpoint_state = make_tensor(states, DType::kF32, 2, 2, 1, 128, 128);
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("checkpoint_offsets: prefix checkpoints are not supported on the CUDA path"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("checkpoint_offsets: the chunked prefill does not write prefix checkpoints"));
   a = dev.args();  // a strided q: the same memory read with another token stride
   a.q.strides[0] = 17 * 128, a.q.strides[1] = 128, a.q.strides[2] = 128, a.q.strides[3] = 1;
   a.q.shape[1] = 8;
@@ -522,7 +550,7 @@ TEST_F(GpuPrefill, StatePoolsRefusedPlainly) {
   a.cu_seqlens = Tensor{};
   a.initial_state.shape[0] = a.final_state.shape[0] = 1;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("q: strided views are not supported on the CUDA path yet"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("the chunked prefill does not read strided views yet"));
   cudaFree(states);
   cudaFree(offsets);
   cudaFree(idx);

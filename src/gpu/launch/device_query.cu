@@ -54,11 +54,14 @@ bool stream_is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-void copy_to_host_sync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+void copy_to_host_sync(const std::vector<HostCopy>& copies, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  for (const HostCopy& c : copies)
+    if (err == cudaSuccess) err = cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToHost, stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess)
-    fail(ErrorCode::kCudaError, "reading cu_seqlens from the device failed: ", cudaGetErrorString(err));
+    fail(ErrorCode::kCudaError, "reading index arrays (cu_seqlens, state indices, checkpoint offsets) from the device "
+         "failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu

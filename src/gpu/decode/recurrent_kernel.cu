@@ -1,0 +1,292 @@
+// The recurrent kernel: the per-token definition of docs/contract.md with the state in registers.
+//
+// A decode step is a streaming problem (read each state once, write it once), so the layout is
+// chosen for the memory system: one block of 128 threads per (sequence, head, half of the value
+// rows); each lane holds a 4 x 16 tile of its half, 4 value rows by 16 key columns, and the 8
+// lanes that share rows hold all 128 columns between them, so every dot product over the key
+// axis is 16 FMAs and three shuffles. Rows of the state are independent given the token's
+// q, k, gate and beta, which every lane computes for its own columns (no block barrier at all).
+// When out is the very buffer of q, k, v or g (an exact alias the contract allows), one block of
+// 256 threads takes the whole head and waits for all its lanes to have read a token before any
+// writes that token's out row: blocks never share a row then.
+// The tile's 16 four-element runs are contiguous in memory in both state layouts (V-major: along
+// a row; K-major: along a column), so loads and stores are 16- or 8-byte vectors.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "api/validate.h"
+#include "gpu/decode/recurrent_params.h"
+#include "gpu/ptx/convert.cuh"
+
+namespace flashkda::gpu {
+namespace {
+
+constexpr int kDim = 128;                   // K = V = 128
+constexpr int kStateElems = kDim * kDim;    // one head's state
+constexpr int kLanesPerRow = 8;             // lanes sharing a row, 16 key columns each
+constexpr int kRowsPerLane = 4;
+constexpr int kRowsPerWarp = 32 / kLanesPerRow * kRowsPerLane;
+static_assert(kLanesPerRow * 16 == kDim, "the lanes of a row cover every key column");
+
+// Warps of a block: 4 (half a head's value rows, two blocks a head) or 8 (the whole head).
+template <int kWarps>
+struct BlockShape {
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * kRowsPerWarp;
+  static constexpr int kBlocksPerHead = kDim / kRows;
+  static_assert(kBlocksPerHead * kRows == kDim, "the blocks of a head cover its value rows");
+};
+
+// A lane's state tile: s[j][i][e] = S[v0 + j][kl * 4 + 32 i + e] (value row, key column).
+using Tile = float[kRowsPerLane][4][4];
+
+// Where the lane's 16 contiguous runs of four elements are, and which tile elements they hold.
+template <StateLayout L>
+struct Runs {
+  __device__ __forceinline__ static int offset(int run, int v0, int kl) {
+    if constexpr (L == StateLayout::kVK) return (v0 + run / 4) * kDim + kl * 4 + 32 * (run % 4);
+    else return (kl * 4 + 32 * (run / 4) + run % 4) * kDim + v0;
+  }
+  __device__ __forceinline__ static float& at(Tile& s, int run, int c) {
+    if constexpr (L == StateLayout::kVK) return s[run / 4][run % 4][c];
+    else return s[c][run / 4][run % 4];
+  }
+};
+
+template <StateLayout L>
+__device__ __forceinline__ void load_tile(Tile& s, const void* head_state, bool bf16, int v0, int kl) {
+  if (bf16) {
+    uint2 raw[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      raw[r] = __ldcs(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(head_state) + Runs<L>::offset(r, v0, kl)));
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float2 a = ptx::unpack_bf16x2(raw[r].x), b = ptx::unpack_bf16x2(raw[r].y);
+      Runs<L>::at(s, r, 0) = a.x;
+      Runs<L>::at(s, r, 1) = a.y;
+      Runs<L>::at(s, r, 2) = b.x;
+      Runs<L>::at(s, r, 3) = b.y;
+    }
+  } else {
+    float4 raw[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      raw[r] = __ldcs(reinterpret_cast<const float4*>(static_cast<const float*>(head_state) + Runs<L>::offset(r, v0, kl)));
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      Runs<L>::at(s, r, 0) = raw[r].x;
+      Runs<L>::at(s, r, 1) = raw[r].y;
+      Runs<L>::at(s, r, 2) = raw[r].z;
+      Runs<L>::at(s, r, 3) = raw[r].w;
+    }
+  }
+}
+
+template <StateLayout L>
+__device__ __forceinline__ void store_tile(Tile& s, void* head_state, bool bf16, int v0, int kl) {
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int off = Runs<L>::offset(r, v0, kl);
+    const float x0 = Runs<L>::at(s, r, 0), x1 = Runs<L>::at(s, r, 1);
+    const float x2 = Runs<L>::at(s, r, 2), x3 = Runs<L>::at(s, r, 3);
+    if (bf16)
+      __stcs(reinterpret_cast<uint2*>(static_cast<uint16_t*>(head_state) + off),
+             make_uint2(ptx::pack_bf16x2(x0, x1), ptx::pack_bf16x2(x2, x3)));
+    else
+      __stcs(reinterpret_cast<float4*>(static_cast<float*>(head_state) + off), make_float4(x0, x1, x2, x3));
+  }
+}
+
+// Four consecutive bf16 values; one 8-byte load when the row is aligned for it.
+__device__ __forceinline__ uint2 load4(const uint16_t* x, bool vector) {
+  if (vector) return *reinterpret_cast<const uint2*>(x);
+  return make_uint2(uint32_t(x[0]) | uint32_t(x[1]) << 16, uint32_t(x[2]) | uint32_t(x[3]) << 16);
+}
+
+__device__ __forceinline__ void unpack4(uint2 raw, float* dst) {
+  const float2 a = ptx::unpack_bf16x2(raw.x), b = ptx::unpack_bf16x2(raw.y);
+  dst[0] = a.x;
+  dst[1] = a.y;
+  dst[2] = b.x;
+  dst[3] = b.y;
+}
+
+// What one lane reads of a token: q, k, g at its 16 key columns, v at its 4 value rows, beta.
+struct TokenInputs {
+  uint2 q[4], k[4], g[4];
+  uint2 v;
+  uint16_t beta;
+};
+
+__device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t row, int h, int v0, int kl) {
+  TokenInputs x;
+  const uint16_t *q = p.q.row(row, h), *k = p.k.row(row, h), *g = p.g.row(row, h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = kl * 4 + 32 * i;
+    x.q[i] = load4(q + col, p.vector_loads);
+    x.k[i] = load4(k + col, p.vector_loads);
+    x.g[i] = load4(g + col, p.vector_loads);
+  }
+  x.v = load4(p.v.row(row, h) + v0, p.vector_loads);
+  x.beta = *p.beta.row(row, h);
+  return x;
+}
+
+// Sum over the 8 lanes that share a row (lane bits 0-2).
+__device__ __forceinline__ float row_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  return x;
+}
+
+// x / sqrt(sum(x^2) + 1e-6) over the 128 columns (the 8 lanes' 16 each), times `factor`.
+__device__ __forceinline__ void l2_normalise(const uint2 (&raw)[4], float (&x)[16], float factor) {
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) unpack4(raw[i], x + 4 * i);
+#pragma unroll
+  for (int c = 0; c < 16; ++c) sq = fmaf(x[c], x[c], sq);
+  const float r = rsqrtf(row_sum(sq) + 1e-6f) * factor;
+#pragma unroll
+  for (int c = 0; c < 16; ++c) x[c] *= r;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// exp(a) of the gate's log-decay a, for g + dt_bias = x (docs/contract.md, both gates).
+__device__ __forceinline__ float decay(float x, float exp_a_log, float lower_bound, bool softplus_gate) {
+  if (!softplus_gate) return __expf(lower_bound * sigmoid(exp_a_log * x));
+  const float sp = x > 20.f ? x + log1pf(__expf(-x)) : log1pf(__expf(x));
+  return __expf(-exp_a_log * sp);
+}
+
+template <StateLayout L>
+__device__ __forceinline__ void write_checkpoints(const RecurrentParams& p, Tile& s, int64_t n, int h, int64_t tokens,
+                                                  int v0, int kl) {
+  for (int64_t c = 0; c < p.checkpoints; ++c)
+    if (p.checkpoint_offsets[n * p.checkpoints + c] == tokens)
+      store_tile<L>(s, p.checkpoint_state + ((n * p.checkpoints + c) * p.num_heads + h) * int64_t{kStateElems}, false,
+                    v0, kl);
+}
+
+// 168 registers (no spills) at 3 blocks of 4 warps a multiprocessor: ~96 KB of state loads in
+// flight on each, several times what the memory system needs to stay busy.
+template <StateLayout L, int kWarps>
+__global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) recurrent_kernel(const RecurrentParams p) {
+  using Shape = BlockShape<kWarps>;
+  const int64_t item = blockIdx.x / Shape::kBlocksPerHead;  // (sequence, head)
+  const int64_t n = item / p.num_heads;
+  const int h = static_cast<int>(item % p.num_heads);
+  const int lane = threadIdx.x % 32, kl = lane % kLanesPerRow;
+  const int v0 = (blockIdx.x % Shape::kBlocksPerHead) * Shape::kRows + (threadIdx.x / kLanesPerRow) * kRowsPerLane;
+
+  const int64_t start = p.state_indices.data ? p.state_indices[n] : n;
+  if (start < 0) return;  // padding: nothing is written for this sequence
+  if (p.initial_state && start >= p.initial_slots) return;  // unchecked bad index: stay in bounds
+  const int64_t final_slot = p.final_indices.data ? p.final_indices[n] : (p.token_indices.data ? -1 : start);
+  int64_t bos, eos;
+  p.seqs.bounds(n, bos, eos);
+
+  Tile s;
+  if (p.initial_state) {
+    const int64_t elem = p.initial_bf16 ? 2 : 4;
+    load_tile<L>(s, static_cast<const char*>(p.initial_state) + (start * p.num_heads + h) * int64_t{kStateElems} * elem,
+                 p.initial_bf16, v0, kl);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kRowsPerLane; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][i][e] = 0.f;
+  }
+
+  const float exp_a_log = expf(__ldg(p.A_log + h));
+  const float* dt_bias = p.dt_bias + h * kDim + kl * 4;  // read per token from L1: fewer registers
+
+  const int64_t len = eos - bos;
+  const int64_t final_elem = p.final_bf16 ? 2 : 4;
+  TokenInputs next;
+  if (len > 0) next = load_token(p, bos, h, v0, kl);
+  for (int64_t t = 0; t < len; ++t) {
+    if (p.checkpoints > 0 && t % 16 == 0) write_checkpoints<L>(p, s, n, h, t, v0, kl);
+    const TokenInputs x = next;
+    if (t + 1 < len) next = load_token(p, bos + t + 1, h, v0, kl);  // in flight during this token
+
+    float qn[16], kn[16], d[16];
+    l2_normalise(x.q, qn, p.scale);  // the output scale folded into q
+    l2_normalise(x.k, kn, 1.f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      unpack4(x.g[i], d + 4 * i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[4 * i + e] += __ldg(dt_bias + 32 * i + e);  // 4-byte aligned only
+    }
+#pragma unroll
+    for (int c = 0; c < 16; ++c) d[c] = decay(d[c], exp_a_log, p.lower_bound, p.softplus_gate);
+    const float beta = sigmoid(__uint_as_float(uint32_t(x.beta) << 16));
+    float v[4];
+    unpack4(x.v, v);
+
+    float o[kRowsPerLane];
+#pragma unroll
+    for (int j = 0; j < kRowsPerLane; ++j) {
+      float pred = 0.f;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        float& e = s[j][c / 4][c % 4];
+        e *= d[c];  // S' = Diag(exp(a)) S
+        pred = fmaf(e, kn[c], pred);
+      }
+      const float u = beta * (v[j] - row_sum(pred));  // beta (v - S'^T k)
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        float& e = s[j][c / 4][c % 4];
+        e = fmaf(u, kn[c], e);
+        acc = fmaf(e, qn[c], acc);
+      }
+      o[j] = row_sum(acc);
+    }
+    if constexpr (Shape::kBlocksPerHead == 1) __syncthreads();  // every lane has read this token's row
+    if (kl == 0)
+      *reinterpret_cast<uint2*>(p.out + ((bos + t) * p.num_heads + h) * int64_t{kDim} + v0) =
+          make_uint2(ptx::pack_bf16x2(o[0], o[1]), ptx::pack_bf16x2(o[2], o[3]));
+    if (p.token_indices.data && p.final_state && t < p.token_columns) {
+      const int64_t slot = p.token_indices[n * p.token_columns + t];
+      if (slot >= 0 && slot < p.final_slots)
+        store_tile<L>(s, static_cast<char*>(p.final_state) + (slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
+                      p.final_bf16, v0, kl);
+    }
+  }
+  if (p.checkpoints > 0 && len % 16 == 0) write_checkpoints<L>(p, s, n, h, len, v0, kl);
+  if (p.final_state && final_slot >= 0 && final_slot < p.final_slots)
+    store_tile<L>(s, static_cast<char*>(p.final_state) + (final_slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
+                  p.final_bf16, v0, kl);
+}
+
+}  // namespace
+
+namespace {
+template <int kWarps>
+void launch(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
+  using Shape = BlockShape<kWarps>;
+  const int64_t blocks = p.seqs.num_seqs * p.num_heads * Shape::kBlocksPerHead;
+  if (blocks == 0) return;
+  const auto kernel = layout == StateLayout::kVK ? recurrent_kernel<StateLayout::kVK, kWarps>
+                                                 : recurrent_kernel<StateLayout::kKV, kWarps>;
+  kernel<<<static_cast<unsigned>(blocks), Shape::kThreads, 0, stream>>>(p);
+}
+}  // namespace
+
+void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
+  if (p.out_aliases_input) launch<8>(p, layout, stream);
+  else launch<4>(p, layout, stream);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    fail(ErrorCode::kCudaError, "launching the recurrent kernel: ", cudaGetErrorString(err));
+}
+
+}  // namespace flashkda::gpu

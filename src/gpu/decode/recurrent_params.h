@@ -1,0 +1,68 @@
+// Launch parameters of the recurrent (per-token) kernel: decode, speculative verify, and every
+// serving feature the chunked prefill does not take yet (pools, K-major states, per-token states,
+// checkpoints, strided inputs, the softplus gate). Shared by the kernel and the host launch code.
+#pragma once
+
+#include <cstdint>
+
+#include "flashkda/flashkda.h"
+#include "gpu/prefill/sequences.cuh"
+
+namespace flashkda::gpu {
+
+// Rows of a [B, T, H, D] activation (beta: D = 1): token row r = b * T + t starts at element
+// b * batch + t * token + h * head. Dense tensors have batch = T*H*D, token = H*D, head = D.
+struct ActivationView {
+  const uint16_t* data;  // bf16 bits
+  int64_t batch, token, head;
+  int64_t rows_per_batch;  // T
+
+  __device__ __forceinline__ const uint16_t* row(int64_t r, int h) const {
+    return data + (r / rows_per_batch) * batch + (r % rows_per_batch) * token + h * head;
+  }
+};
+
+// An int32 or int64 index array on the device; null: absent.
+struct IndexView {
+  const void* data = nullptr;
+  bool i32 = false;
+
+  __device__ __forceinline__ int64_t operator[](int64_t i) const {
+    return i32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(data) + i))
+               : static_cast<int64_t>(__ldg(static_cast<const int64_t*>(data) + i));
+  }
+};
+
+struct RecurrentParams {
+  ActivationView q, k, v, g, beta;  // q, k, g: D = 128; v: D = 128; beta: D = 1
+  bool vector_loads;                // every row of q, k, v, g starts 8-byte aligned
+  const float* A_log;               // [H]
+  const float* dt_bias;             // [H, 128]
+  int num_heads;
+  SequenceTable seqs;
+  // States [slots, H, 128, 128] in `layout`; a slot outside [0, slots) is skipped (only reachable
+  // when the host did not check the indices: SeqlenCheck::kDeviceGuardsOnly or graph capture).
+  const void* initial_state;        // or nullptr: sequences start from zero
+  bool initial_bf16;
+  int64_t initial_slots;
+  void* final_state;                // or nullptr: no state written
+  bool final_bf16;
+  int64_t final_slots;
+  IndexView state_indices;          // [N]: start slots (absent: slot n); negative: padding
+  IndexView final_indices;          // [N]: final slots (absent: the start slot, or none with token_indices)
+  IndexView token_indices;          // [N, token_columns]: the state after token t to slot [n, t]
+  int64_t token_columns;
+  IndexView checkpoint_offsets;     // [N, checkpoints]: fp32 states after that many tokens
+  int64_t checkpoints;
+  float* checkpoint_state;          // [N, checkpoints, H, 128, 128] in `layout`
+  uint16_t* out;                    // [total, H, 128] bf16, dense
+  bool out_aliases_input;           // out is the buffer of q, k, v or g (see recurrent_kernel.cu)
+  float lower_bound, scale;
+  bool softplus_gate;
+};
+
+// One block of 128 threads per (sequence, head, half of the value rows); 256 per (sequence, head)
+// when out aliases an input.
+void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream);
+
+}  // namespace flashkda::gpu

@@ -1,0 +1,124 @@
+// Which CUDA kernels run a call (CudaPlan in gpu_backend.h), and the recurrent kernel's launch.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/validate.h"
+#include "gpu/decode/recurrent_params.h"
+#include "gpu/gpu_backend.h"
+
+namespace flashkda::gpu {
+namespace {
+
+// Up to this many tokens a sequence on average, a call is decode-shaped: the state's one read and
+// one write are its whole cost, and the recurrent kernel streams them with no workspace and no
+// second pass. Beyond it the chunked prefill's tensor-core chunks win.
+constexpr int64_t kDecodeTokensPerSequence = 8;
+
+// The first feature of `p` the chunked prefill does not implement yet, as the error a forced
+// chunked run gives; nullptr when it takes the problem.
+const char* chunked_prefill_lacks(const Problem& p) {
+  if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
+  if (p.state_indices) return "state_indices: the chunked prefill does not implement state pools yet";
+  if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
+  if (p.checkpoint_offsets) return "checkpoint_offsets: the chunked prefill does not write prefix checkpoints yet";
+  if (p.state_layout != StateLayout::kVK)
+    return "state_layout: the chunked prefill does not implement the K-major state layout yet";
+  for (const RowStrides* rows : {&p.q_rows, &p.k_rows, &p.v_rows, &p.g_rows, &p.beta_rows})
+    if (!rows->dense) return "q, k, v, g, beta: the chunked prefill does not read strided views yet";
+  return nullptr;
+}
+
+// FLASHKDA_CUDA_KERNELS=chunked or =recurrent forces a choice (tests, benchmarks); unset: -1.
+int forced_kernels() {
+  const char* forced = std::getenv("FLASHKDA_CUDA_KERNELS");
+  if (!forced) return -1;
+  if (std::strcmp(forced, "chunked") == 0) return static_cast<int>(CudaPlan::Kernels::kChunkedPrefill);
+  if (std::strcmp(forced, "recurrent") == 0) return static_cast<int>(CudaPlan::Kernels::kRecurrent);
+  fail(ErrorCode::kInvalidArgument, "FLASHKDA_CUDA_KERNELS: expected 'chunked' or 'recurrent', got '", forced, "'");
+}
+
+// Rows of a [B, T, H, d] activation as the kernel indexes them (strides in elements).
+ActivationView activation_view(const uint16_t* data, const RowStrides& s, const Problem& p, int64_t d) {
+  ActivationView a{data, s.batch, s.token, s.head, p.T > 0 ? p.T : 1};
+  if (s.dense) {
+    a.batch = p.T * p.H * d;
+    a.token = p.H * d;
+    a.head = d;
+  }
+  return a;
+}
+
+// Every row of q, k, v, g starts 8-byte aligned (4 bf16 columns at a time).
+bool rows_aligned_for_vectors(const Problem& p) {
+  auto ok = [](const void* data, const RowStrides& s) {
+    return reinterpret_cast<uintptr_t>(data) % 8 == 0 &&
+           (s.dense || (s.batch % 4 == 0 && s.token % 4 == 0 && s.head % 4 == 0));
+  };
+  return ok(p.q, p.q_rows) && ok(p.k, p.k_rows) && ok(p.v, p.v_rows) && ok(p.g, p.g_rows);
+}
+
+IndexView index_view(const void* data, DType dtype) { return {data, dtype == DType::kI32}; }
+
+}  // namespace
+
+CudaPlan plan_cuda(const Problem& p) {
+  CudaPlan plan;
+  const char* lacks = chunked_prefill_lacks(p);
+  const bool decode_shaped = p.total_tokens <= kDecodeTokensPerSequence * p.N;
+  const int forced = forced_kernels();
+  if (forced == static_cast<int>(CudaPlan::Kernels::kChunkedPrefill) && lacks)
+    fail(ErrorCode::kUnsupported, lacks, " (FLASHKDA_CUDA_KERNELS=chunked); unset it to run the recurrent kernel");
+  const bool recurrent = forced >= 0 ? forced == static_cast<int>(CudaPlan::Kernels::kRecurrent) : lacks || decode_shaped;
+  if (recurrent) {
+    plan.kernels = CudaPlan::Kernels::kRecurrent;
+    if (p.N * p.H * 2 > INT_MAX)
+      fail(ErrorCode::kUnsupported, "q: the recurrent kernel takes fewer than 2^30 (sequence, head) pairs, got N * H = ",
+           p.N * p.H);
+    return plan;
+  }
+  plan.prefill = plan_prefill(p);
+  return plan;
+}
+
+void cuda_forward(const Problem& p, const CudaPlan& plan, void* workspace, cudaStream_t stream) {
+  if (plan.kernels == CudaPlan::Kernels::kRecurrent) recurrent_forward(p, stream);
+  else prefill_forward(p, plan.prefill, workspace, stream);
+}
+
+void recurrent_forward(const Problem& p, cudaStream_t stream) {
+  RecurrentParams r{};
+  r.q = activation_view(p.q, p.q_rows, p, p.K);
+  r.k = activation_view(p.k, p.k_rows, p, p.K);
+  r.v = activation_view(p.v, p.v_rows, p, p.V);
+  r.g = activation_view(p.g, p.g_rows, p, p.K);
+  r.beta = activation_view(p.beta, p.beta_rows, p, 1);
+  r.vector_loads = rows_aligned_for_vectors(p);
+  r.A_log = p.A_log;
+  r.dt_bias = p.dt_bias;
+  r.num_heads = static_cast<int>(p.H);
+  r.seqs = {p.cu_seqlens, p.cu_seqlens_dtype == DType::kI32, p.T, p.N, p.total_tokens};
+  r.initial_state = p.initial_state;
+  r.initial_bf16 = p.initial_state_dtype == DType::kBF16;
+  r.initial_slots = p.initial_slots;
+  r.final_state = p.final_state;
+  r.final_bf16 = p.final_state_dtype == DType::kBF16;
+  r.final_slots = p.final_slots;
+  r.state_indices = index_view(p.state_indices, p.state_indices_dtype);
+  r.final_indices = index_view(p.final_state_indices, p.final_state_indices_dtype);
+  r.token_indices = index_view(p.token_state_indices, p.token_state_indices_dtype);
+  r.token_columns = p.token_state_columns;
+  r.checkpoint_offsets = index_view(p.checkpoint_offsets, p.checkpoint_offsets_dtype);
+  r.checkpoints = p.checkpoint_offsets ? p.checkpoints : 0;
+  r.checkpoint_state = p.checkpoint_state;
+  r.out = p.out;
+  r.out_aliases_input = p.out == p.q || p.out == p.k || p.out == p.v || p.out == p.g;
+  r.lower_bound = p.lower_bound;
+  r.scale = p.scale;
+  r.softplus_gate = p.gate == Gate::kSoftplus;
+  launch_recurrent(r, p.state_layout, stream);
+}
+
+}  // namespace flashkda::gpu
