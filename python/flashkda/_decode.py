@@ -4,8 +4,8 @@ flashkda.fused_recurrent_kda (the keywords of the Triton decode kernel, as engin
 Both are thin: they resolve the arguments (scale, gate, layout, the start slots of a speculative
 verify) and run the one call under flashkda.fwd (_api._run_into), which writes ``out`` and the
 state pool in place. Everything else (shapes, dtypes, slot rules) is the C++ validation's, whose
-errors come through as they are. CPU backend only so far: the CUDA path refuses pools and
-per-token states with NotImplementedError until a decode kernel exists.
+errors come through as they are. On CUDA tensors the call runs the recurrent kernel (one read
+and one write of each state); on host arrays the CPU backend.
 """
 
 from __future__ import annotations
@@ -186,8 +186,9 @@ def decode(
 
     The slot rules of pools hold (no slot written twice, none written by one request and read by
     another; ``ValueError`` naming the indices otherwise, nothing written); slots nobody writes stay
-    bit for bit as they were. CPU backend only so far: CUDA tensors raise NotImplementedError (a
-    decode kernel is future work). Not for JAX arrays (immutable: ``TypeError``).
+    bit for bit as they were. CUDA tensors run the recurrent kernel, which CUDA graphs can capture
+    (no host synchronisation while capturing; replay with new indices and inputs in the same
+    buffers). Not for JAX arrays (immutable: ``TypeError``).
     """
     if state_pool is None:
         raise TypeError("state_pool: required tensor is missing (the [P, H, V, K] pool the requests' states live in)")
@@ -288,8 +289,7 @@ def fused_recurrent_kda(
             ``[.., V, K]`` (this library's native layout).
         out: optional bfloat16 ``[B, T, H, V]`` to write into.
 
-    CPU backend only so far with pools, per-token states, K-major states or the softplus gate:
-    CUDA tensors raise ``NotImplementedError`` for those (a decode kernel is future work).
+    CUDA tensors run the recurrent kernel (pools, per-token states, both layouts, both gates).
     """
     for name, value in (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
                         ("use_gate_in_kernel", use_gate_in_kernel),

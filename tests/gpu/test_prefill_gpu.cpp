@@ -543,8 +543,8 @@ TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   a.checkpoint_state = make_tensor(states, DType::kF32, 2, 2, 1, 128, 128);
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
   EXPECT_THAT(msg, ::testing::HasSubstr("checkpoint_offsets: the chunked prefill does not write prefix checkpoints"));
-  a = dev.args();  // a strided q: the same memory read with another token stride
-  a.q.strides[0] = 17 * 128, a.q.strides[1] = 128, a.q.strides[2] = 128, a.q.strides[3] = 1;
+  a = dev.args();  // a strided q: every other token row of the 17 (H = 1)
+  a.q.strides[0] = 17 * 128, a.q.strides[1] = 2 * 128, a.q.strides[2] = 128, a.q.strides[3] = 1;
   a.q.shape[1] = 8;
   a.k.shape[1] = a.v.shape[1] = a.g.shape[1] = a.out.shape[1] = a.beta.shape[1] = 8;
   a.cu_seqlens = Tensor{};
