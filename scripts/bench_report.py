@@ -6,7 +6,10 @@ peers' figures.
 GPU runs: beside our median, the reference figures of docs/benchmark.md (one H200, same shapes):
 the floor, the fastest peer, FlashKDA (the original CUDA kernel), the FlashKDA fork, Triton (fla),
 the done-when and goal times, and our speedup over the fastest peer; the floor measured in the
-run is printed too. CPU runs (scaled-down shapes) have no floor, bandwidth or peer columns.
+run is printed too. The decode cases (D1-D4) get a table of their own: our median against the
+floor, the share of the copy bandwidth, the goal (relative to the floor measured in the run) and
+the time of the prefill path before the decode kernel. CPU runs (scaled-down shapes) have no
+floor, bandwidth or peer columns.
 
 usage: bench_report.py RUN.json [REPEAT.json] [--plot PLOT.png] > h200.md
 
@@ -18,6 +21,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 
 # docs/benchmark.md, ms on one H200 (K = V = 128, bf16 state, safe gate): shape, reference floor,
 # fastest peer, FlashKDA (original CUDA kernel), FlashKDA fork, Triton (fla), done-when, goal.
@@ -38,6 +42,18 @@ REFERENCE_MS = {
     "P11": ([131072], 8, 0.32, None, None, None, None, 1.6, 0.8),
 }
 FIELDS = ("seq_lens", "heads", "floor", "fastest", "flashkda", "fork", "triton", "done_when", "goal")
+# docs/benchmark.md's decode cases on one H200: requests, tokens per request, heads, pool dtype,
+# the reference floor (ms) and the time of the same shape through the prefill path before the
+# decode kernel ("prefill path today" there: bf16 states, contiguous); None: no figure. Their
+# goal is relative to the floor measured in the run (goal_ms in the JSON).
+DECODE_REFERENCE_MS = {
+    #      requests tokens  H   pool    floor  before
+    "D1": (256, 1, 32, "f32", 0.254, 0.536),
+    "D2": (256, 1, 32, "bf16", 0.128, 0.536),
+    "D3": (32, 1, 32, "f32", 0.032, None),
+    "D4": (256, 4, 32, "f32", 0.64, 0.542),
+}
+DECODE_FIELDS = ("requests", "tokens", "heads", "pool", "floor", "before")
 # docs/benchmark.md's done-when: at least this much faster than the fastest peer, and at most the
 # done-when time.
 DONE_SPEEDUP = 1.25
@@ -53,6 +69,30 @@ def reference(case):
     if list(case.get("seq_lens", [])) != ref["seq_lens"] or case.get("heads") != ref["heads"]:
         return None
     return ref
+
+
+def decode_reference(case):
+    """The reference figures of a decode case (a dict of DECODE_FIELDS), or None when the case is
+    not one of docs/benchmark.md's or was run on another shape."""
+    ref = DECODE_REFERENCE_MS.get(case.get("name"))
+    decode = case.get("decode")
+    if ref is None or decode is None:
+        return None
+    ref = dict(zip(DECODE_FIELDS, ref))
+    shape = (decode.get("requests"), decode.get("tokens"), case.get("heads"), decode.get("pool_dtype"))
+    return ref if shape == (ref["requests"], ref["tokens"], ref["heads"], ref["pool"]) else None
+
+
+def is_decode(case):
+    return "decode" in case
+
+
+def goal_rule(case):
+    """A decode goal in words: '>= 85% BW' (a share of the copy bandwidth) or '<= 3x floor'."""
+    x = case.get("decode", {}).get("goal_x_floor")
+    if not x:
+        return "-"
+    return f"<= {x:g}x floor" if x >= 2 else f">= {100 / x:.0f}% BW"
 
 
 def fmt(x, digits=3):
@@ -124,20 +164,42 @@ def gpu_report(runs, paths, plot_path):
                f"`done-when` (met: at least {DONE_SPEEDUP}x faster than the fastest peer and at most that "
                "time) and `goal`. `speedup`: the fastest peer's time over ours; with a repeat, the slower "
                "of the two runs counts. Errors: fp64 oracle on two heads of every sequence, bar 3e-3.\n")
+    lines, rows = [], []
+    prefill = [c for c in first["cases"] if not is_decode(c)]
+    decode = [c for c in first["cases"] if is_decode(c)]
+    if prefill or not decode:
+        lines += prefill_table(runs, prefill, rows)
+    if decode:
+        lines += decode_table(runs, decode, rows)
+    # The last summary line ends the report's text.
+    lines[-1] = lines[-1].rstrip("\n") + (f" All outputs written and within the error bar: "
+                                          f"{all(r.get('all_pass') for r in runs)}.\n")
+    out += lines
+    if plot_path and plot_gpu(rows, runs, plot_path):
+        out.append(f"![each case against its floor and the peers]({os.path.basename(plot_path)})\n")
+    return out
+
+
+def worst_of(runs, case):
+    """Our median and the repeat's (or None), and the slower of the two."""
+    rep = repeat_of(runs, case)
+    ours, rep_ms = median(case), median(rep) if rep else None
+    times = [x for x in (ours, rep_ms) if x is not None]
+    return ours, rep_ms, max(times) if times else None
+
+
+def prefill_table(runs, cases, rows):
+    """The table of the prefill cases (P1-P11 or a custom shape); appends their plot rows."""
+    out = []
     header = ("| case | seq_lens | H | median ms | repeat ms | min / max ms | TB/s | floor ms | x floor "
               "| ref floor | fastest peer | FlashKDA | fork | Triton | speedup | done-when | met | goal "
               "| err out | err state |")
     out.append(header)
     out.append("|" + "---|" * (header.count("|") - 1))
     met = beats = with_peer = with_ref = at_goal = 0
-    rows = []
-    for case in first["cases"]:
+    for case in cases:
         ref = reference(case)
-        rep = repeat_of(runs, case)
-        ours = median(case)
-        rep_ms = median(rep) if rep else None
-        times = [x for x in (ours, rep_ms) if x is not None]
-        worst = max(times) if times else None
+        ours, rep_ms, worst = worst_of(runs, case)
         speedup = done = None
         r = ref or {}
         if worst is not None and r.get("fastest"):
@@ -165,9 +227,54 @@ def gpu_report(runs, paths, plot_path):
             f"{fmt_err(oracle.get('out_rel'))} | {fmt_err(oracle.get('final_state_rel'))} |")
     out.append(f"\n{beats} of {with_peer} cases with peer figures at or under the fastest peer; {met} of {with_ref} "
                f"cases of docs/benchmark.md meet done-when, {at_goal} of {with_ref} the goal (the slower of the runs "
-               f"counts). All outputs written and within the error bar: {all(r.get('all_pass') for r in runs)}.\n")
-    if plot_path and plot_gpu(rows, runs, plot_path):
-        out.append(f"![each case against its floor and the peers]({os.path.basename(plot_path)})\n")
+               f"counts).\n")
+    return out
+
+
+def decode_table(runs, cases, rows):
+    """The table of the decode cases (D1-D4); appends their plot rows."""
+    out = ["## Decode and verify\n",
+           "Requests x tokens as [N, T, H, 128] rows, the states in a pool updated in place through int32 "
+           "indices (D4: every draft token's state to its own slot); the timed calls skip the host check of "
+           "the index arrays (`SeqlenCheck::kDeviceGuardsOnly`). `% BW`: the floor over our median, the share "
+           "of the copy bandwidth reached. `goal`: docs/benchmark.md's rule on the floor measured in this run; "
+           "`met` with the slower of the runs. `before`: the same shape through the prefill path before the "
+           "decode kernel (docs/benchmark.md); `speedup`: that time over ours. `err state`: the slots the "
+           "checked call wrote (D4: the state after every draft token).\n"]
+    header = ("| case | requests x tokens | H | pool | median ms | repeat ms | min / max ms | TB/s | floor ms "
+              "| x floor | % BW | goal ms | goal | met | ref floor | before | speedup | err out | err state |")
+    out.append(header)
+    out.append("|" + "---|" * (header.count("|") - 1))
+    at_goal = with_goal = 0
+    for case in cases:
+        ref = decode_reference(case) or {}
+        decode = case["decode"]
+        ours, rep_ms, worst = worst_of(runs, case)
+        goal = case.get("goal_ms")
+        met = None if worst is None or goal is None else worst <= goal
+        if met is not None:
+            with_goal += 1
+            at_goal += met
+        before = ref.get("before")
+        speedup = before / worst if before and worst else None
+        floor = case.get("floor_ms")
+        share = 100 * floor / ours if floor and ours else None
+        rows.append({"case": case, "ref": {"goal": goal, "before": before}, "ours": ours, "repeat": rep_ms,
+                     "floor": floor})
+        shape = f"{decode.get('requests')} x {decode.get('tokens')}"
+        if "error" in case:
+            out.append(error_row([case["name"], shape, str(case["heads"]), decode.get("pool_dtype", "-"),
+                                  "error: " + case["error"].replace("|", "/")], header))
+            continue
+        oracle = case.get("oracle", {})
+        out.append(
+            f"| {case['name']} | {shape} | {case['heads']} | {decode.get('pool_dtype')} | {fmt(ours)} | "
+            f"{fmt(rep_ms)} | {fmt(case.get('min_ms'))} / {fmt(case.get('max_ms'))} | "
+            f"{fmt(case.get('effective_tbps'), 2)} | {fmt(floor)} | {fmt(case.get('ratio_to_floor'), 2)} | "
+            f"{fmt(share, 0)} | {fmt(goal)} | {goal_rule(case)} | {'-' if met is None else ('yes' if met else 'no')} | "
+            f"{fmt(ref.get('floor'))} | {fmt(before)} | {'-' if speedup is None else f'{speedup:.2f}x'} | "
+            f"{fmt_err(oracle.get('out_rel'))} | {fmt_err(oracle.get('final_state_rel'))} |")
+    out.append(f"\n{at_goal} of {with_goal} decode cases at their goal (the slower of the runs counts).\n")
     return out
 
 
@@ -194,6 +301,9 @@ def cpu_report(runs, paths, plot_path):
         rep_ms = median(rep) if rep else None
         orig = case.get("original_seq_lens")
         orig_text = f"{seq_text(orig)} x {case.get('original_heads')}" if orig else "-"
+        if is_decode(case):
+            decode = case["decode"]
+            orig_text += f", {decode.get('pool_dtype')} pool" + (", token states" if decode.get("token_states") else "")
         if "error" in case:
             out.append(error_row([case["name"], seq_text(case["seq_lens"]), str(case["heads"]), orig_text,
                                   "error: " + case["error"].replace("|", "/")], header))
@@ -205,7 +315,11 @@ def cpu_report(runs, paths, plot_path):
                    f"{fmt_count(case.get('token_heads_per_s'))} | {fmt_err(oracle.get('out_rel'))} | "
                    f"{fmt_err(oracle.get('final_state_rel'))} |")
     target = first.get("cpu_target_token_heads_per_s")
-    line = f"\nOverall {fmt_count(first.get('token_heads_per_s_overall'))} token-heads/s"
+    overall = first.get("token_heads_per_s_overall")
+    line = f"\nOverall {fmt_count(overall)} token-heads/s"
+    if any(is_decode(c) for c in first["cases"]):
+        line = (f"\nOverall {fmt_count(overall)} token-heads/s over the prefill cases" if overall is not None
+                else "\nNo prefill case ran") + " (the decode cases move a whole state per token-head)"
     if target:
         line += (f"; target >= {fmt_count(target)}: {'met' if first.get('cpu_target_met') else 'NOT met'}"
                  f" ({'by every case' if first.get('cpu_target_met_every_case') else 'not by every case'})")
@@ -233,6 +347,7 @@ PEERS = [
     ("FlashKDA (original CUDA)", "flashkda", "v", "#7f7f7f"),
     ("FlashKDA fork", "fork", "s", "#9467bd"),
     ("Triton (fla)", "triton", "D", "#2ca02c"),
+    ("prefill path before the decode kernel", "before", "X", "#8c564b"),
 ]
 
 
@@ -250,7 +365,8 @@ def plot_gpu(rows, runs, path):
     plt = pyplot()
     if plt is None:
         return False
-    fig, ax = plt.subplots(figsize=(max(8, 1.05 * len(rows) + 3.5), 5.5))
+    fig_width = max(8, 1.05 * len(rows) + 3.5)
+    fig, ax = plt.subplots(figsize=(fig_width, 5.5))
     labelled = set()
 
     def once(label):
@@ -275,12 +391,10 @@ def plot_gpu(rows, runs, path):
             if value:
                 ax.plot([x - 0.38, x + 0.38], [value, value], color=color, linestyle=style, linewidth=width,
                         label=once(label), zorder=2)
-        # The peers on the left half, ours (and the repeat) on the right.
-        for i, (label, key, marker, color) in enumerate(PEERS):
-            value = ref.get(key)
-            if value:
-                ax.scatter([x - 0.28 + 0.12 * i], [value], marker=marker, s=34, color=color,
-                           label=once(label), zorder=3)
+        # The peers (those with a figure) on the left half, ours (and the repeat) on the right.
+        present = [(label, ref[key], marker, color) for label, key, marker, color in PEERS if ref.get(key)]
+        for i, (label, value, marker, color) in enumerate(present):
+            ax.scatter([x - 0.28 + 0.12 * i], [value], marker=marker, s=34, color=color, label=once(label), zorder=3)
         if ours is not None:
             ax.scatter([x + 0.12], [ours], marker="o", s=55, color="#d62728", label=once("ours (median)"),
                        zorder=4)
@@ -297,8 +411,11 @@ def plot_gpu(rows, runs, path):
     ax.set_ylabel("time per forward call, ms (log scale)")
     ax.grid(axis="y", which="both", alpha=0.3)
     commits = ", ".join(sorted({r["commit"] for r in runs}))
-    ax.set_title(f"FlashKDA bench on {runs[0].get('device') or 'the GPU'}, commit {commits}: "
-                 f"each case against its floor and the peers (docs/benchmark.md)", fontsize=10)
+    title = (f"FlashKDA bench on {runs[0].get('device') or 'the GPU'}, commit {commits}: "
+             f"each case against its floor and the peers (docs/benchmark.md)")
+    # Room above the highest point for its label; the title wrapped to a narrow figure (few cases).
+    ax.margins(y=0.12)
+    ax.set_title("\n".join(textwrap.wrap(title, width=int(8 * fig_width))), fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -342,7 +459,8 @@ def seq_label(case):
         text = f"{len(seq)} seqs"
     else:
         text = ",".join(map(str, seq))
-    return f"{text}, H{case['heads']}" + ("\n(error)" if "error" in case else "")
+    pool = f"\n{case['decode'].get('pool_dtype')} pool" if is_decode(case) else ""
+    return f"{text}, H{case['heads']}{pool}" + ("\n(error)" if "error" in case else "")
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
-// `flashkda bench`: the cases P1-P11 of docs/benchmark.md (or a custom shape), printed as a table
-// and written as JSON. On the GPU: median of CUDA-event timings, effective bandwidth, and the
-// ratio to the floor (bytes / device copy bandwidth measured in the same run). Without a usable
-// GPU: the CPU backend on scaled-down shapes, reporting token-heads per second.
+// `flashkda bench`: the prefill cases P1-P11 and the decode cases D1-D4 of docs/benchmark.md (or
+// a custom shape), printed as a table and written as JSON. On the GPU: median of CUDA-event
+// timings, effective bandwidth, and the ratio to the floor (bytes / device copy bandwidth measured
+// in the same run). Without a usable GPU: the CPU backend on scaled-down shapes, reporting
+// token-heads per second.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,30 +18,94 @@
 namespace flashkda::cli {
 namespace {
 
+// A decode case of docs/benchmark.md: N requests of T tokens as [N, T, H, *] rows (no
+// cu_seqlens), their states in a pool of `pool` dtype, updated in place, or with `verify` the
+// state after every draft token written to its own slot. Its goal is relative to the floor.
+struct DecodeCase {
+  StateKind pool = StateKind::kNone;  // kNone: a prefill case
+  bool verify = false;
+  double goal_x_floor = 0;  // goal_ms = goal_x_floor * floor_ms (the floor measured in the run)
+  const char* goal_rule = "";
+};
+
 struct BenchCase {
   std::string name;
   std::vector<int64_t> seq_lens;
   int64_t heads;
-  double goal_ms;  // docs/benchmark.md's goal on an H200 (0: none)
+  double goal_ms;  // docs/benchmark.md's goal on an H200 (0: none); decode: set from the floor
+  DecodeCase decode = {};  // none: a prefill case
+  bool is_decode() const { return decode.pool != StateKind::kNone; }
 };
 
 std::vector<int64_t> repeat(int64_t count, int64_t length) { return std::vector<int64_t>(count, length); }
 
-const std::vector<BenchCase>& perf_cases() {
+const std::vector<BenchCase>& bench_cases() {
   static const std::vector<int64_t> mixed = {1300, 547, 2048, 963, 271, 3063};
+  static const DecodeCase d1{StateKind::kF32, false, 1 / 0.85, ">= 85% of copy bandwidth"};
+  static const DecodeCase d2{StateKind::kBF16, false, 1 / 0.85, ">= 85% of copy bandwidth"};
+  static const DecodeCase d3{StateKind::kF32, false, 3.0, "<= 3x the floor"};
+  static const DecodeCase d4{StateKind::kF32, true, 1 / 0.8, ">= 80% of copy bandwidth"};
   static const std::vector<BenchCase> cases = {
       {"P1", {8192}, 96, 0.48},          {"P2", mixed, 96, 0.49},          {"P3", repeat(8, 1024), 96, 0.50},
       {"P4", {8192}, 64, 0.32},          {"P5", mixed, 64, 0.33},          {"P6", repeat(8, 1024), 64, 0.33},
       {"P7", {32768}, 8, 0.30},          {"P8", {65536}, 4, 0.30},         {"P9", repeat(64, 128), 32, 0.22},
       {"P10", repeat(4, 16384), 16, 0.63},  {"P11", {131072}, 8, 0.8},
+      {"D1", repeat(256, 1), 32, 0, d1}, {"D2", repeat(256, 1), 32, 0, d2}, {"D3", repeat(32, 1), 32, 0, d3},
+      {"D4", repeat(256, 4), 32, 0, d4},
   };
   return cases;
+}
+
+// The case as run on the CPU: prefill lengths / divisor, decode requests / divisor (the tokens
+// per request stay), heads capped.
+BenchCase scaled_for_cpu(BenchCase c, int64_t divisor, int64_t max_heads) {
+  if (c.is_decode()) {
+    const auto requests = static_cast<int64_t>(c.seq_lens.size());
+    c.seq_lens = repeat(std::max<int64_t>(1, (requests + divisor / 2) / divisor), c.seq_lens[0]);
+  } else {
+    for (int64_t& L : c.seq_lens) L = std::max<int64_t>(1, (L + divisor / 2) / divisor);
+  }
+  c.heads = std::min(c.heads, max_heads);
+  return c;
+}
+
+// The workload of a case; a decode case's pool holds `index_sets` disjoint sets of slots.
+WorkloadSpec case_spec(const BenchCase& c, uint64_t seed, int64_t index_sets) {
+  WorkloadSpec spec;
+  spec.seq_lens = c.seq_lens;
+  spec.heads = c.heads;
+  spec.seed = seed;
+  if (c.is_decode()) {
+    spec.batch_form = true;
+    spec.state = c.decode.pool;
+    spec.pool.index_sets = index_sets;
+    spec.pool.token_states = c.decode.verify;
+  }
+  return spec;
+}
+
+// The bytes one decode call touches: its activations and every slot it reads or writes, once (in
+// place, a state is read and written in the same bytes).
+double call_footprint(const WorkloadSpec& spec) {
+  const double bytes = floor_bytes(spec);
+  if (spec.pool.token_states) return bytes;
+  return bytes - static_cast<double>(shape_of(spec).N) * static_cast<double>(tensor_bytes(spec).slot);
+}
+
+// A decode case's index sets: --input-sets when given, else enough that one pass over them touches
+// 3x the L2 (as the prefill rotation), and at least 2, so that no call finds its states in the L2
+// from the previous ones (D3: 3 on a 60 MB L2). Without a GPU (l2_bytes 0): 2.
+int64_t decode_index_sets(const BenchCase& c, double l2_bytes, int input_sets) {
+  if (input_sets > 0) return input_sets;
+  const double per_call = call_footprint(case_spec(c, 0, 1));
+  return static_cast<int64_t>(std::clamp(std::ceil(3.0 * l2_bytes / per_call), 2.0, 1024.0));
 }
 
 constexpr double kCpuTargetTokenHeadsPerS = 100000.0;  // issue 2: the CPU backend on the 2-core machine
 
 struct CaseResult {
   BenchCase c;               // as run (scaled down on the CPU)
+  WorkloadSpec spec;         // its workload
   std::vector<int64_t> original_seq_lens;
   int64_t original_heads = 0;
   int64_t total_tokens = 0;
@@ -97,11 +162,37 @@ void print_row(const CaseResult& r, bool gpu) {
   std::fflush(stdout);
 }
 
+// What err_state compares with the oracle.
+const char* states_checked(const WorkloadSpec& spec) {
+  if (!spec.pool.enabled()) return "final state";
+  if (spec.pool.token_states)
+    return "the first call's token states: the state after token t against the oracle's on the first t + 1 tokens";
+  return "the first call's written slots (the final states, in place)";
+}
+
+// A decode case's pool and goal.
+Json decode_json(const CaseResult& r) {
+  const Shape s = shape_of(r.spec);
+  Json d;
+  d["requests"] = s.N;
+  d["tokens"] = s.T;
+  d["pool_dtype"] = state_kind_name(r.spec.state);
+  d["pool_slots"] = s.pool_slots;
+  d["index_sets"] = r.spec.pool.index_sets;
+  d["index_dtype"] = "int32";
+  d["token_states"] = r.spec.pool.token_states;
+  d["in_place"] = !r.spec.pool.token_states;
+  d["goal_rule"] = r.c.decode.goal_rule;
+  d["goal_x_floor"] = r.c.decode.goal_x_floor;
+  return d;
+}
+
 Json case_json(const CaseResult& r, bool gpu) {
   Json j;
   j["name"] = r.c.name;
   j["seq_lens"] = r.c.seq_lens;
   j["heads"] = r.c.heads;
+  if (r.c.is_decode()) j["decode"] = decode_json(r);
   if (!gpu) {
     j["original_seq_lens"] = r.original_seq_lens;
     j["original_heads"] = r.original_heads;
@@ -130,6 +221,7 @@ Json case_json(const CaseResult& r, bool gpu) {
   j["outputs_written"] = r.exec.outputs_written();
   Json oracle;
   oracle["heads"] = r.check.heads;
+  oracle["states"] = states_checked(r.spec);
   if (r.check.heads.empty()) {
     oracle["skipped"] = true;
   } else {
@@ -141,6 +233,110 @@ Json case_json(const CaseResult& r, bool gpu) {
   j["oracle"] = std::move(oracle);
   j["pass"] = r.pass();
   return j;
+}
+
+// The states of a case, for --list.
+std::string case_states(const BenchCase& c) {
+  if (!c.is_decode()) return "bf16 in and out";
+  return std::string(state_kind_name(c.decode.pool)) + " pool" +
+         (c.decode.verify ? ", every draft token's state to its own slot" : ", in place") + "; goal " +
+         c.decode.goal_rule;
+}
+
+// What every case of a run shares.
+struct RunContext {
+  bool gpu = false, scaled = false;
+  int64_t cpu_divisor = 16, cpu_max_heads = 8;
+  uint64_t seed = 0;
+  int oracle_heads = 2, input_sets = 0;
+  double copy_bandwidth = NAN, l2_bytes = 0;
+  ExecSettings settings;
+};
+
+// The floor, the effective bandwidth and the goal, from the median and the copy bandwidth.
+void rate(CaseResult& r, const RunContext& ctx) {
+  const double seconds = r.exec.ms.median * 1e-3;
+  r.token_heads_per_s = r.token_heads / seconds;
+  if (!ctx.gpu) return;
+  r.tbps = r.bytes / seconds / 1e12;
+  r.floor_ms = r.bytes / ctx.copy_bandwidth * 1e3;
+  r.ratio_to_floor = r.exec.ms.median / r.floor_ms;
+  if (r.c.is_decode()) r.c.goal_ms = r.c.decode.goal_x_floor * r.floor_ms;
+}
+
+// Runs case `index` (1-based) of `count`: inputs, timed calls, oracle check. A flashkda::Error or
+// a failed host allocation becomes the case's error.
+CaseResult run_case(const BenchCase& original, const RunContext& ctx, int index, size_t count) {
+  CaseResult r;
+  r.c = ctx.scaled ? scaled_for_cpu(original, ctx.cpu_divisor, ctx.cpu_max_heads) : original;
+  r.original_seq_lens = original.seq_lens;
+  r.original_heads = original.heads;
+  const int64_t index_sets = r.c.is_decode() ? decode_index_sets(r.c, ctx.l2_bytes, ctx.input_sets) : 0;
+  r.spec = case_spec(r.c, ctx.seed + static_cast<uint64_t>(index), index_sets);
+  const WorkloadSpec& spec = r.spec;
+  const Shape shape = shape_of(spec);
+  r.total_tokens = shape.total_tokens;
+  r.token_heads = static_cast<double>(shape.total_tokens) * static_cast<double>(shape.H);
+  r.bytes = floor_bytes(spec);
+  ExecSettings settings = ctx.settings;
+  settings.label = "bench " + r.c.name + " " + std::to_string(index) + "/" + std::to_string(count);
+  try {
+    // A built-in case too large for this host's memory is reported as that case's error.
+    if (std::string shortfall = host_memory_shortfall(spec, ctx.oracle_heads, ctx.gpu); !shortfall.empty())
+      throw HostAllocError(shortfall);
+    std::cerr << "[" << settings.label << "] " << describe_sequences(spec.seq_lens) << " x " << spec.heads
+              << " heads" << (spec.pool.enabled() ? ", a pool of " + std::to_string(shape.pool_slots) + " slots" : "")
+              << ": generating inputs" << std::endl;
+    set_activity("generating the random inputs");
+    const HostInputs inputs = make_host_inputs(spec);
+    set_activity("running the forward calls");
+    r.exec = execute(inputs, settings);
+    const std::vector<int64_t> heads = pick_heads(shape.H, ctx.oracle_heads);
+    if (!heads.empty())
+      std::cerr << "[" << settings.label << "] fp64 oracle on " << heads.size() << " head(s)" << std::endl;
+    set_activity("checking against the fp64 oracle");
+    r.check = check_against_oracle(inputs, r.exec.out.data(),
+                                   r.exec.final_state.empty() ? nullptr : r.exec.final_state.data(), heads);
+    rate(r, ctx);
+  } catch (const Error& e) {
+    r.error = e.what();
+  } catch (const HostAllocError& e) {
+    r.error = e.what();
+  } catch (const std::bad_alloc&) {
+    r.error = std::string("out of host memory (std::bad_alloc) while ") + activity();
+  }
+  set_activity("");
+  r.exec.out = {};  // the outputs are not needed any more
+  r.exec.final_state = {};
+  return r;
+}
+
+// The method block of the decode cases (docs/benchmark.md, "Decode and verify cases").
+Json decode_method_json() {
+  Json d;
+  d["inputs"] = "q, k, v, g, beta [N, T, H, 128] bf16, one row per request, no cu_seqlens";
+  d["pool"] = "one pool [P, H, 128, 128] of the case's dtype (D1, D3, D4 fp32; D2 bf16) holding index_sets disjoint "
+              "sets of slots, shuffled; P = index_sets x N, and index_sets x N x (T + 1) for D4; int32 indices";
+  d["in_place"] = "D1-D3: initial_state == final_state == the pool, state_indices [N] (distinct slots)";
+  d["verify"] = "D4: token_state_indices [N, T], the state after every draft token to its own slot, all distinct "
+                "and distinct from the start slots (read only); no final state written";
+  d["rotation"] = "call i uses index set i % index_sets and its own copy of the activations and out; index_sets: "
+                  "enough that one pass touches 3x the L2 (a call's activations and slots, each once), at least 2, "
+                  "so no call finds its states in the L2";
+  d["index_check"] = "the first call validates the index arrays (SeqlenCheck::kHost); the timed calls skip the "
+                     "host copy (SeqlenCheck::kDeviceGuardsOnly, what an engine capturing CUDA graphs gets)";
+  d["written_check"] = "before the timed calls the pool is restored as generated and out and the token-state "
+                       "slots are poisoned; afterwards no poison is left and every (slot, head) state written in "
+                       "place differs from its value before the timed calls";
+  d["oracle"] = "the first call, on the pool as generated: out and the slots it wrote; D4: the state after token t "
+                "against the oracle's final state on the first t + 1 tokens, all tokens in final_state_rel";
+  d["floor_bytes"] = "N*H*128*128*s*2 + N*T*H*(128*2*5 + 2), s = 4 for an fp32 pool, 2 for bf16";
+  d["floor_bytes_verify"] = "N*H*128*128*s*(1 + T) + N*T*H*(128*2*5 + 2) (D4: one state written per draft token)";
+  d["goals"] = {{"D1", "goal_ms = floor_ms / 0.85"},
+                {"D2", "goal_ms = floor_ms / 0.85"},
+                {"D3", "goal_ms = 3 * floor_ms"},
+                {"D4", "goal_ms = floor_ms / 0.8"}};
+  return d;
 }
 
 }  // namespace
@@ -156,21 +352,26 @@ int bench_command(int argc, char** argv, int first) {
   bool list = false;
 
   FlagParser parser("flashkda bench", "flashkda bench [flags]",
-                    "Benchmarks KDA forward on the cases P1-P11 of docs/benchmark.md (K = V = 128, bf16 inputs,\n"
-                    "bf16 initial and final state, safe gate with lower_bound -5, packed int64 cu_seqlens,\n"
-                    "random inputs), or on a custom shape. Prints a table and writes JSON.\n"
+                    "Benchmarks KDA forward on the prefill cases P1-P11 of docs/benchmark.md (K = V = 128, bf16\n"
+                    "inputs, bf16 initial and final state, safe gate with lower_bound -5, packed int64 cu_seqlens,\n"
+                    "random inputs), the decode cases D1-D4 (32 heads, [N, T] rows, states in an fp32 or bf16\n"
+                    "pool updated in place through int32 indices; D4 writes every draft token's state to its own\n"
+                    "slot), or a custom shape. Prints a table and writes JSON.\n"
                     "\n"
-                    "GPU method: inputs rotate among enough device copies that one pass exceeds 3x the L2;\n"
-                    "outputs are poisoned (0xFF) before the timed calls and checked written after; warm-up;\n"
-                    "median of CUDA-event timings of single forward calls; the floor is the bytes of\n"
-                    "docs/benchmark.md's formula over the device-to-device copy bandwidth measured in the same run.\n"
+                    "GPU method: inputs rotate among enough device copies that one pass exceeds 3x the L2 (decode:\n"
+                    "one pool, disjoint index sets of slots); outputs are poisoned (0xFF) before the timed calls\n"
+                    "and checked written after; warm-up; median of CUDA-event timings of single forward calls; the\n"
+                    "floor is the bytes of docs/benchmark.md's formula over the device-to-device copy bandwidth\n"
+                    "measured in the same run.\n"
                     "Without a usable GPU (or with --backend cpu) the CPU backend runs scaled-down shapes\n"
-                    "(sequence lengths / 16, heads capped at 8) and reports token-heads per second.");
-  parser.add("--case", "P1,P3,...", "cases to run (default: all of P1-P11)", [&](const std::string& v) {
+                    "(sequence lengths, or decode requests, / 16, heads capped at 8) and reports token-heads per\n"
+                    "second.");
+  parser.add("--case", "P1,D1,...", "cases to run (default: all of P1-P11 and D1-D4)", [&](const std::string& v) {
     for (const std::string& name : split(v, ',')) {
       bool known = false;
-      for (const BenchCase& c : perf_cases()) known |= c.name == name;
-      if (!known) throw UsageError("--case: expected case names P1..P11 (comma-separated), got '" + name + "'");
+      for (const BenchCase& c : bench_cases()) known |= c.name == name;
+      if (!known)
+        throw UsageError("--case: expected case names P1..P11 or D1..D4 (comma-separated), got '" + name + "'");
       case_names.push_back(name);
     }
   });
@@ -189,9 +390,11 @@ int bench_command(int argc, char** argv, int first) {
              [&](const std::string& v) { warmup = static_cast<int>(parse_int("--warmup", v, 0, 100000)); });
   parser.add("--oracle-heads", "N", "heads per case checked against the fp64 oracle (default 2; 0 skips)",
              [&](const std::string& v) { oracle_heads = static_cast<int>(parse_int("--oracle-heads", v, 0, 4096)); });
-  parser.add("--input-sets", "N", "GPU: device copies of the inputs to rotate (default: enough for 3x the L2)",
+  parser.add("--input-sets", "N",
+             "GPU: device copies of the inputs to rotate, or a decode case's index sets\n"
+             "(default: enough for 3x the L2, at least 2)",
              [&](const std::string& v) { input_sets = static_cast<int>(parse_int("--input-sets", v, 1, 1024)); });
-  parser.add("--cpu-divisor", "D", "CPU: divide each case's sequence lengths by D (default 16)",
+  parser.add("--cpu-divisor", "D", "CPU: divide each case's sequence lengths (decode: requests) by D (default 16)",
              [&](const std::string& v) { cpu_divisor = parse_int("--cpu-divisor", v, 1, 1 << 20); });
   parser.add("--cpu-max-heads", "H", "CPU: cap each case's heads at H (default 8)",
              [&](const std::string& v) { cpu_max_heads = parse_int("--cpu-max-heads", v, 1, 4096); });
@@ -200,14 +403,15 @@ int bench_command(int argc, char** argv, int first) {
                     "\nexamples:\n"
                     "  flashkda bench\n"
                     "  flashkda bench --case P7,P8 --json p7p8.json\n"
+                    "  flashkda bench --case D1,D2,D3,D4\n"
                     "  flashkda bench --seqlens 4096,4096 --heads 32\n");
   if (!parser.parse(argc, argv, first)) return kExitOk;
 
   if (list) {
-    std::printf("%-5s %-36s %s\n", "case", "seq_lens", "H");
-    for (const BenchCase& c : perf_cases())
-      std::printf("%-5s %-36s %lld\n", c.name.c_str(), short_sequences(c.seq_lens).c_str(),
-                  static_cast<long long>(c.heads));
+    std::printf("%-5s %-36s %4s %s\n", "case", "seq_lens", "H", "states");
+    for (const BenchCase& c : bench_cases())
+      std::printf("%-5s %-36s %4lld %s\n", c.name.c_str(), short_sequences(c.seq_lens).c_str(),
+                  static_cast<long long>(c.heads), case_states(c).c_str());
     return kExitOk;
   }
   if (flags.shape_given() && !case_names.empty())
@@ -230,13 +434,21 @@ int bench_command(int argc, char** argv, int first) {
     check_host_memory(flags, custom, oracle_heads, gpu);
     cases.push_back({"custom", custom.seq_lens, custom.heads, 0});
   } else {
-    for (const BenchCase& c : perf_cases())
+    for (const BenchCase& c : bench_cases())
       if (case_names.empty() || std::find(case_names.begin(), case_names.end(), c.name) != case_names.end())
         cases.push_back(c);
   }
   const bool scaled = !gpu && !flags.shape_given();
 
   std::printf("flashkda %s bench, commit %s\n", version(), commit.c_str());
+  RunContext ctx;
+  ctx.gpu = gpu;
+  ctx.scaled = scaled;
+  ctx.cpu_divisor = cpu_divisor;
+  ctx.cpu_max_heads = cpu_max_heads;
+  ctx.seed = flags.seed;
+  ctx.oracle_heads = oracle_heads;
+  ctx.input_sets = input_sets;
   double copy_bandwidth = NAN;
   std::string device;
   if (gpu) {
@@ -248,18 +460,20 @@ int bench_command(int argc, char** argv, int first) {
     copy_bandwidth = measure_copy_bandwidth(copy_bytes, 20, stream.get());
     std::printf("copy bandwidth: %.3f TB/s (cudaMemcpyAsync device to device, %.0f MB, bytes read + written, median of 20)\n",
                 copy_bandwidth / 1e12, copy_bytes / 1e6);
+    ctx.copy_bandwidth = copy_bandwidth;
+    ctx.l2_bytes = static_cast<double>(device_l2_bytes());
   } else {
     std::printf("device: none used: CPU backend (%s)\n", why_cpu.c_str());
     if (scaled)
-      std::printf("NOTE: CPU run on SCALED-DOWN shapes (sequence lengths / %lld, heads capped at %lld); the times\n"
-                  "      are not comparable with the GPU figures of docs/benchmark.md. Throughput is in token-heads\n"
-                  "      per second.\n",
+      std::printf("NOTE: CPU run on SCALED-DOWN shapes (sequence lengths, or decode requests, / %lld, heads capped\n"
+                  "      at %lld); the times are not comparable with the GPU figures of docs/benchmark.md. Throughput\n"
+                  "      is in token-heads per second.\n",
                   static_cast<long long>(cpu_divisor), static_cast<long long>(cpu_max_heads));
   }
   std::printf("\n");
   print_header(gpu);
 
-  ExecSettings settings;
+  ExecSettings& settings = ctx.settings;
   settings.backend = backend;
   settings.iters = iters.value_or(gpu ? 30 : 10);
   settings.warmup = warmup.value_or(gpu ? 10 : 2);
@@ -267,83 +481,38 @@ int bench_command(int argc, char** argv, int first) {
   settings.progress = true;
 
   std::vector<CaseResult> results;
-  int index = 0;
-  for (const BenchCase& original : cases) {
-    ++index;
-    CaseResult r;
-    r.c = original;
-    r.original_seq_lens = original.seq_lens;
-    r.original_heads = original.heads;
-    if (scaled) {
-      for (int64_t& L : r.c.seq_lens) L = std::max<int64_t>(1, (L + cpu_divisor / 2) / cpu_divisor);
-      r.c.heads = std::min(r.c.heads, cpu_max_heads);
-    }
-    WorkloadSpec spec;
-    spec.seq_lens = r.c.seq_lens;
-    spec.heads = r.c.heads;
-    spec.seed = flags.seed + static_cast<uint64_t>(index);
-    const Shape shape = shape_of(spec);
-    r.total_tokens = shape.total_tokens;
-    r.token_heads = static_cast<double>(shape.total_tokens) * static_cast<double>(shape.H);
-    r.bytes = floor_bytes(spec);
-    settings.label = "bench " + r.c.name + " " + std::to_string(index) + "/" + std::to_string(cases.size());
-    try {
-      // A built-in case too large for this host's memory is reported as that case's error.
-      if (std::string shortfall = host_memory_shortfall(spec, oracle_heads, gpu); !shortfall.empty())
-        throw HostAllocError(shortfall);
-      std::cerr << "[" << settings.label << "] " << describe_sequences(spec.seq_lens) << " x " << spec.heads
-                << " heads: generating inputs" << std::endl;
-      set_activity("generating the random inputs");
-      const HostInputs inputs = make_host_inputs(spec);
-      set_activity("running the forward calls");
-      r.exec = execute(inputs, settings);
-      const std::vector<int64_t> heads = pick_heads(shape.H, oracle_heads);
-      if (!heads.empty())
-        std::cerr << "[" << settings.label << "] fp64 oracle on " << heads.size() << " head(s)" << std::endl;
-      set_activity("checking against the fp64 oracle");
-      r.check = check_against_oracle(inputs, r.exec.out.data(),
-                                     r.exec.final_state.empty() ? nullptr : r.exec.final_state.data(), heads);
-      const double seconds = r.exec.ms.median * 1e-3;
-      r.token_heads_per_s = r.token_heads / seconds;
-      if (gpu) {
-        r.tbps = r.bytes / seconds / 1e12;
-        r.floor_ms = r.bytes / copy_bandwidth * 1e3;
-        r.ratio_to_floor = r.exec.ms.median / r.floor_ms;
-      }
-    } catch (const Error& e) {
-      r.error = e.what();
-    } catch (const HostAllocError& e) {
-      r.error = e.what();
-    } catch (const std::bad_alloc&) {
-      r.error = std::string("out of host memory (std::bad_alloc) while ") + activity();
-    }
-    set_activity("");
-    r.exec.out = {};  // the outputs are not needed any more
-    r.exec.final_state = {};
-    print_row(r, gpu);
-    results.push_back(std::move(r));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    results.push_back(run_case(cases[i], ctx, static_cast<int>(i + 1), cases.size()));
+    print_row(results.back(), gpu);
   }
 
-  // CPU throughput over all cases that ran: total token-heads over total median time.
+  // Throughput over the prefill cases that ran: total token-heads over total median time. The
+  // decode cases move a whole state per token-head, so the CPU target (a prefill figure) leaves
+  // them out.
   double total_token_heads = 0, total_seconds = 0, slowest = INFINITY;
   std::string slowest_case;
   bool all_pass = true, any_error = false;
   for (const CaseResult& r : results) {
     all_pass &= r.pass();
     any_error |= !r.error.empty();
-    if (!r.error.empty()) continue;
+    if (!r.error.empty() || r.c.is_decode()) continue;
     total_token_heads += r.token_heads;
     total_seconds += r.exec.ms.median * 1e-3;
     if (r.token_heads_per_s < slowest) slowest = r.token_heads_per_s, slowest_case = r.c.name;
   }
   const double aggregate = total_seconds > 0 ? total_token_heads / total_seconds : NAN;
+  const bool any_prefill = total_seconds > 0;
   std::printf("\n");
-  if (!gpu) {
-    std::printf("CPU throughput: %s token-heads/s over all cases (slowest case %s: %s token-heads/s); target >= %s: %s\n",
+  if (!gpu && any_prefill) {
+    std::printf("CPU throughput: %s token-heads/s over the prefill cases (slowest case %s: %s token-heads/s); "
+                "target >= %s: %s\n",
                 format_count(aggregate).c_str(), slowest_case.c_str(), format_count(slowest).c_str(),
                 format_count(kCpuTargetTokenHeadsPerS).c_str(),
                 aggregate >= kCpuTargetTokenHeadsPerS ? (slowest >= kCpuTargetTokenHeadsPerS ? "met, every case" : "met overall, not by every case")
                                                       : "NOT met");
+  } else if (!gpu) {
+    std::printf("CPU throughput: no prefill case ran (the target of %s token-heads/s is for prefill)\n",
+                format_count(kCpuTargetTokenHeadsPerS).c_str());
   }
 
   Json j;
@@ -362,8 +531,8 @@ int bench_command(int argc, char** argv, int first) {
   }
   j["scaled_down"] = scaled;
   if (scaled)
-    j["scale_note"] = "CPU backend on scaled-down shapes: sequence lengths / " + std::to_string(cpu_divisor) +
-                      ", heads capped at " + std::to_string(cpu_max_heads) +
+    j["scale_note"] = "CPU backend on scaled-down shapes: sequence lengths (decode: requests) / " +
+                      std::to_string(cpu_divisor) + ", heads capped at " + std::to_string(cpu_max_heads) +
                       "; not comparable with the GPU figures of docs/benchmark.md";
   Json method;
   method["timer"] = gpu ? "CUDA events, one forward call each" : "steady_clock, one forward call each";
@@ -376,13 +545,15 @@ int bench_command(int argc, char** argv, int first) {
   method["state_dtype"] = "bf16";
   method["cu_seqlens"] = "int64, packed (B = 1)";
   method["floor_bytes"] = "T*H*128*2*5 + T*H*2 + N*H*128*128*2*2";
+  if (std::any_of(cases.begin(), cases.end(), [](const BenchCase& c) { return c.is_decode(); }))
+    method["decode"] = decode_method_json();
   method["seed"] = flags.seed;
   j["method"] = std::move(method);
   Json case_list = Json::array();
   for (const CaseResult& r : results) case_list.push_back(case_json(r, gpu));
   j["cases"] = std::move(case_list);
-  j["token_heads_per_s_overall"] = aggregate;
-  if (!gpu) {
+  j["token_heads_per_s_overall"] = aggregate;  // the prefill cases'
+  if (!gpu && any_prefill) {
     j["cpu_target_token_heads_per_s"] = static_cast<int64_t>(kCpuTargetTokenHeadsPerS);
     j["cpu_target_met"] = aggregate >= kCpuTargetTokenHeadsPerS;
     j["cpu_target_met_every_case"] = slowest >= kCpuTargetTokenHeadsPerS;

@@ -5,6 +5,14 @@
 // (CUDA events on the GPU, a steady clock on the CPU); afterwards the outputs are checked to be
 // written and the first input set's outputs are copied back for the oracle check. On the GPU,
 // inputs rotate among enough device copies that one pass over them exceeds 3x the L2 cache.
+//
+// With a state pool (decode, updated in place): one pool, shared by all calls; call i uses
+// index set i % index_sets (disjoint slots) and its own copy of the activations and out. The
+// first call, on the pool as generated, is the one checked against the oracle: its out and the
+// slots it wrote are kept. Before the timed calls the pool is restored as generated, out and the
+// token-state slots (written, never read) are poisoned; afterwards out and the token slots must
+// hold no poison, and every (slot, head) state written in place must differ from its value
+// before the timed calls.
 #pragma once
 
 #include <cstdint>
@@ -28,13 +36,15 @@ struct ExecSettings {
 struct ExecResult {
   TimingStats ms;                   // per call, milliseconds
   std::vector<double> samples_ms;
-  int input_sets = 1;
+  int input_sets = 1;                // with a pool: the index sets
   int sets_checked = 1;             // input sets whose outputs were checked for poison
   int64_t unwritten_out = 0;        // output elements still holding the poison after the timed runs
   int64_t unwritten_final_state = 0;
   size_t workspace_bytes = 0;
   HostVector<uint16_t> out;                  // the first input set's out, on the host
-  HostVector<unsigned char> final_state;     // and its final state (empty without one)
+  HostVector<unsigned char> final_state;     // and its final state (empty without one); with a
+                                             // pool, the states the first call wrote, packed in
+                                             // the order of HostInputs::written_slots(0)
   bool outputs_written() const { return unwritten_out == 0 && unwritten_final_state == 0; }
 };
 

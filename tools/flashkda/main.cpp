@@ -19,7 +19,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  run      the main job: KDA forward on a Kimi-Linear-like prefill, checked against the fp64 oracle\n"
-    "  bench    the benchmark cases P1-P11 (scaled down on the CPU), as a table and JSON\n"
+    "  bench    the benchmark cases P1-P11 and D1-D4 (scaled down on the CPU), as a table and JSON\n"
     "  info     version, commit, and whether the CUDA path can run here\n"
     "\n"
     "`flashkda <command> --help` documents every flag of a command.\n"

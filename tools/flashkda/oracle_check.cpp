@@ -20,15 +20,18 @@ struct HeadSlice {
   std::vector<unsigned char> initial_state;
 };
 
+// Row r of dst is row r of src, or row rows[r] when `rows` is given (the slots of a pool).
 template <typename T, typename A>
 void gather(const std::vector<T, A>& src, std::vector<T>& dst, int64_t outer, int64_t H,
-            const std::vector<int64_t>& heads, int64_t inner, const char* name) {
+            const std::vector<int64_t>& heads, int64_t inner, const char* name, const int32_t* rows = nullptr) {
   const int64_t hs = static_cast<int64_t>(heads.size());
   resize_or_throw(dst, outer * hs * inner,
                   std::string("the oracle check's copy of ") + name + " (" + std::to_string(hs) + " heads)");
-  for (int64_t r = 0; r < outer; ++r)
+  for (int64_t r = 0; r < outer; ++r) {
+    const int64_t from = rows ? rows[r] : r;
     for (int64_t j = 0; j < hs; ++j)
-      std::memcpy(dst.data() + (r * hs + j) * inner, src.data() + (r * H + heads[j]) * inner, inner * sizeof(T));
+      std::memcpy(dst.data() + (r * hs + j) * inner, src.data() + (from * H + heads[j]) * inner, inner * sizeof(T));
+  }
 }
 
 HeadSlice slice_heads(const HostInputs& in, const std::vector<int64_t>& heads) {
@@ -41,11 +44,49 @@ HeadSlice slice_heads(const HostInputs& in, const std::vector<int64_t>& heads) {
   gather(in.beta, x.beta, s.total_tokens, s.H, heads, 1, "beta");
   gather(in.A_log, x.A_log, 1, s.H, heads, 1, "A_log");
   gather(in.dt_bias, x.dt_bias, 1, s.H, heads, s.K, "dt_bias");
+  // With a pool, the start states of the first index set (what the checked call read).
+  const int32_t* slots = in.spec.pool.enabled() ? in.state_indices[0].data() : nullptr;
   if (!in.initial_state.empty())
     gather(in.initial_state, x.initial_state, s.N, s.H, heads, s.V * s.K * dtype_size(s.state_dtype),
-           "the initial state");
+           "the initial state", slots);
   return x;
 }
+
+// The oracle's problem on a head slice: the first `tokens` tokens of every sequence (all of
+// them, or with token states a prefix of each row of the batch form: rows strided over the slice).
+Problem slice_problem(const HostInputs& in, const HeadSlice& x, int64_t hs, int64_t tokens) {
+  const Shape& s = in.shape;
+  Problem p;
+  p.B = s.B, p.T = s.T, p.H = hs, p.K = s.K, p.V = s.V, p.N = s.N;
+  p.total_tokens = s.total_tokens;
+  p.q = x.q.data(), p.k = x.k.data(), p.v = x.v.data(), p.g = x.g.data(), p.beta = x.beta.data();
+  p.A_log = x.A_log.data(), p.dt_bias = x.dt_bias.data();
+  p.initial_state = x.initial_state.empty() ? nullptr : x.initial_state.data();
+  p.initial_state_dtype = s.state_dtype;
+  p.cu_seqlens = in.cu_seqlens.empty() ? nullptr : in.cu_seqlens.data();
+  p.cu_seqlens_dtype = in.spec.cu_seqlens_dtype;
+  p.lower_bound = in.spec.lower_bound;
+  p.scale = in.spec.scale;
+  p.gate = in.spec.gate;
+  if (tokens < s.T) {  // batch form only (no cu_seqlens)
+    p.T = tokens;
+    p.total_tokens = s.B * tokens;
+    auto rows = [&](int64_t d) { return RowStrides{false, s.T * hs * d, hs * d, d}; };
+    p.q_rows = p.k_rows = p.g_rows = rows(s.K);
+    p.v_rows = rows(s.V);
+    p.beta_rows = rows(1);
+  }
+  return p;
+}
+
+// Sums of squares of rel = ||x - ref|| / ||ref||.
+struct RelError {
+  double diff = 0, norm = 0;
+  void add(double got, double ref) {
+    diff += (got - ref) * (got - ref);
+    norm += ref * ref;
+  }
+};
 
 double state_value(const void* state, DType dtype, size_t i) {
   if (dtype == DType::kF32) return static_cast<const float*>(state)[i];
@@ -87,48 +128,34 @@ OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, cons
   const Shape& s = in.shape;
   const int64_t hs = static_cast<int64_t>(heads.size());
   const HeadSlice x = slice_heads(in, heads);
-  Problem p;
-  p.B = s.B, p.T = s.T, p.H = hs, p.K = s.K, p.V = s.V, p.N = s.N;
-  p.total_tokens = s.total_tokens;
-  p.q = x.q.data(), p.k = x.k.data(), p.v = x.v.data(), p.g = x.g.data(), p.beta = x.beta.data();
-  p.A_log = x.A_log.data(), p.dt_bias = x.dt_bias.data();
-  p.initial_state = x.initial_state.empty() ? nullptr : x.initial_state.data();
-  p.initial_state_dtype = s.state_dtype;
-  p.cu_seqlens = in.cu_seqlens.empty() ? nullptr : in.cu_seqlens.data();
-  p.cu_seqlens_dtype = in.spec.cu_seqlens_dtype;
-  p.lower_bound = in.spec.lower_bound;
-  p.scale = in.spec.scale;
-  p.gate = in.spec.gate;
 
   // The oracle runs the (sequence, head) pairs on the machine's threads.
   std::vector<double> ref_out, ref_state;
   resize_or_throw(ref_out, s.total_tokens * hs * s.V, "the fp64 oracle's out (" + std::to_string(hs) + " heads)");
   resize_or_throw(ref_state, final_state ? s.N * hs * s.V * s.K : 0,
                   "the fp64 oracle's final state (" + std::to_string(hs) + " heads)");
-  oracle_forward(p, ref_out.data(), final_state ? ref_state.data() : nullptr);
 
-  double diff_out = 0, norm_out = 0, diff_state = 0, norm_state = 0;
+  // W states per sequence: the final one, or with token states the one after each token t,
+  // checked against the oracle's final state on the first t + 1 tokens.
+  const int64_t W = s.written_per_sequence, per_head = s.V * s.K;
+  RelError out_err, state_err;
+  for (int64_t w = 0; w < W; ++w) {
+    const int64_t tokens = in.spec.pool.token_states ? w + 1 : s.T;
+    oracle_forward(slice_problem(in, x, hs, tokens), ref_out.data(), final_state ? ref_state.data() : nullptr);
+    if (final_state)
+      for (int64_t n = 0; n < s.N; ++n)
+        for (int64_t j = 0; j < hs; ++j)
+          for (int64_t i = 0; i < per_head; ++i)
+            state_err.add(state_value(final_state, s.state_dtype, ((n * W + w) * s.H + heads[j]) * per_head + i),
+                          ref_state[(n * hs + j) * per_head + i]);
+  }
+  // The last run covered every token.
   for (int64_t t = 0; t < s.total_tokens; ++t)
     for (int64_t j = 0; j < hs; ++j)
-      for (int64_t c = 0; c < s.V; ++c) {
-        const double ref = ref_out[(t * hs + j) * s.V + c];
-        const double got = bf16_to_float(out[(t * s.H + heads[j]) * s.V + c]);
-        diff_out += (got - ref) * (got - ref);
-        norm_out += ref * ref;
-      }
-  if (final_state) {
-    const int64_t per_head = s.V * s.K;
-    for (int64_t n = 0; n < s.N; ++n)
-      for (int64_t j = 0; j < hs; ++j)
-        for (int64_t i = 0; i < per_head; ++i) {
-          const double ref = ref_state[(n * hs + j) * per_head + i];
-          const double got = state_value(final_state, s.state_dtype, (n * s.H + heads[j]) * per_head + i);
-          diff_state += (got - ref) * (got - ref);
-          norm_state += ref * ref;
-        }
-  }
-  result.out_rel = relative(diff_out, norm_out);
-  result.final_state_rel = final_state ? relative(diff_state, norm_state) : 0.0;
+      for (int64_t c = 0; c < s.V; ++c)
+        out_err.add(bf16_to_float(out[(t * s.H + heads[j]) * s.V + c]), ref_out[(t * hs + j) * s.V + c]);
+  result.out_rel = relative(out_err.diff, out_err.norm);
+  result.final_state_rel = final_state ? relative(state_err.diff, state_err.norm) : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -24,7 +24,10 @@ struct OracleCheck {
 std::vector<int64_t> pick_heads(int64_t H, int64_t count);
 
 // out: the backend's [B*T, H, V] bf16 output on the host; final_state: its [N, H, V, K] state
-// (dtype of the workload's state) on the host, or nullptr. Runs the oracle on `heads`.
+// (dtype of the workload's state) on the host, or nullptr. Runs the oracle on `heads`. With a
+// pool: the call on the first index set from the pool as generated; final_state holds the states
+// it wrote, [N, W, H, V, K] (W = 1, or T with token states: the state after token t is checked
+// against the oracle's final state on the first t + 1 tokens, all T of them in final_state_rel).
 OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, const void* final_state,
                                  const std::vector<int64_t>& heads);
 

@@ -54,7 +54,34 @@ void fill_uniform_f32(HostVector<float>& x, uint64_t key) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(uniform_open01(key, i));
 }
 
-enum TensorId : uint64_t { kQ, kK, kV, kG, kBeta, kALog, kDtBias, kState };
+enum TensorId : uint64_t { kQ, kK, kV, kG, kBeta, kALog, kDtBias, kState, kSlots };
+
+// 0, 1, ..., n - 1 in a random order (Fisher-Yates on the counter-based generator).
+std::vector<int32_t> shuffled_slots(int64_t n, uint64_t key) {
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) slots[i] = static_cast<int32_t>(i);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t draw = mix64(key ^ mix64(static_cast<uint64_t>(i)));
+    const auto j = static_cast<int64_t>(draw % static_cast<uint64_t>(i + 1));
+    std::swap(slots[i], slots[j]);
+  }
+  return slots;
+}
+
+// Splits the shuffled pool into the index sets: set i takes slots_per_set consecutive entries,
+// the first N as its start slots, the rest (with token states) as its token slots [N, T].
+void make_index_sets(HostInputs& in, uint64_t key) {
+  const Shape& s = in.shape;
+  const std::vector<int32_t> order = shuffled_slots(s.pool_slots, key);
+  const int64_t sets = in.spec.pool.index_sets;
+  in.state_indices.resize(sets);
+  in.token_state_indices.resize(in.spec.pool.token_states ? sets : 0);
+  for (int64_t i = 0; i < sets; ++i) {
+    const auto first = order.begin() + i * s.slots_per_set;
+    in.state_indices[i].assign(first, first + s.N);
+    if (in.spec.pool.token_states) in.token_state_indices[i].assign(first + s.N, first + s.slots_per_set);
+  }
+}
 
 }  // namespace
 
@@ -83,6 +110,11 @@ Shape shape_of(const WorkloadSpec& spec) {
   }
   s.total_tokens = s.B * s.T;
   s.state_dtype = spec.state == StateKind::kF32 ? DType::kF32 : DType::kBF16;
+  s.written_per_sequence = spec.pool.token_states ? s.T : 1;
+  if (spec.pool.enabled()) {
+    s.slots_per_set = s.N * (spec.pool.token_states ? s.T + 1 : 1);
+    s.pool_slots = spec.pool.index_sets * s.slots_per_set;
+  }
   return s;
 }
 
@@ -99,6 +131,13 @@ TensorBytes tensor_bytes(const WorkloadSpec& spec) {
   b.initial_state = spec.state == StateKind::kNone ? 0 : state;
   b.final_state = spec.final_state ? state : 0;
   b.cu_seqlens = s.packed ? (s.N + 1) * dtype_size(spec.cu_seqlens_dtype) : 0;
+  if (spec.pool.enabled()) {
+    b.slot = static_cast<size_t>(s.H) * s.V * s.K * dtype_size(s.state_dtype);
+    b.initial_state = static_cast<size_t>(s.pool_slots) * b.slot;
+    b.final_state = 0;  // in place, or the token states: slots of the same pool
+    b.state_indices = static_cast<size_t>(s.N) * 4;
+    b.token_state_indices = spec.pool.token_states ? static_cast<size_t>(s.N) * s.T * 4 : 0;
+  }
   return b;
 }
 
@@ -128,10 +167,17 @@ HostMemory host_memory_needed(const WorkloadSpec& spec, int64_t oracle_heads, bo
   const double H = static_cast<double>(spec.heads), K = kHeadDim, V = kHeadDim;
   const double state_elem = spec.state == StateKind::kF32 ? 4 : 2;
   const double state = N * H * V * K * state_elem;
+  // With a pool the input is the whole pool, the CPU works on a copy of it, and the states one
+  // call writes (one per token with token states) are copied out for the oracle check.
+  const PoolSpec& pool = spec.pool;
+  const double per_set = pool.token_states ? N + T : N;  // the batch form: T = N x tokens per sequence
+  const double pool_bytes =
+      pool.enabled() ? static_cast<double>(pool.index_sets) * per_set * H * V * K * state_elem : 0;
+  const double written = pool.token_states ? T * H * V * K * state_elem : state;
   HostMemory m;
-  m.inputs = T * H * (3 * K + V) * 2 + T * H * 2 + H * 4 + H * K * 4 + (spec.state == StateKind::kNone ? 0 : state) +
-             (N + 1) * 8;
-  m.outputs = T * H * V * 2 + (spec.final_state ? state : 0);
+  m.inputs = T * H * (3 * K + V) * 2 + T * H * 2 + H * 4 + H * K * 4 +
+             (spec.state == StateKind::kNone ? 0 : pool.enabled() ? pool_bytes : state) + (N + 1) * 8;
+  m.outputs = T * H * V * 2 + (spec.final_state ? written : 0) + (pool.enabled() && !gpu ? pool_bytes : 0);
   m.staging = gpu ? m.outputs : 0;
   const double hs = static_cast<double>(std::clamp<int64_t>(oracle_heads, 0, spec.heads));
   if (hs > 0) {
@@ -195,7 +241,11 @@ std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads
 
 double floor_bytes(const WorkloadSpec& spec) {
   const TensorBytes b = tensor_bytes(spec);
-  return static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.initial_state + b.out + b.final_state);
+  const double activations = static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.out);
+  if (!spec.pool.enabled()) return activations + static_cast<double>(b.initial_state + b.final_state);
+  // Each start state read once; written back once in place, or once per token with token states.
+  const Shape s = shape_of(spec);
+  return activations + static_cast<double>(s.N) * static_cast<double>(b.slot) * (1.0 + s.written_per_sequence);
 }
 
 HostInputs make_host_inputs(const WorkloadSpec& spec) {
@@ -224,9 +274,11 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
   fill_uniform_f32(in.dt_bias, stream_key(spec.seed, kDtBias));
 
   if (spec.state != StateKind::kNone) {
-    const int64_t n = s.N * s.H * s.V * s.K;
+    const int64_t states = spec.pool.enabled() ? s.pool_slots : s.N;
+    const int64_t n = states * s.H * s.V * s.K;
     resize_or_throw(in.initial_state, n * dtype_size(s.state_dtype),
-                    label("the initial state", {s.N, s.H, s.V, s.K}, state_kind_name(spec.state)));
+                    label(spec.pool.enabled() ? "the state pool" : "the initial state", {states, s.H, s.V, s.K},
+                          state_kind_name(spec.state)));
     const uint64_t key = stream_key(spec.seed, kState);
     if (s.state_dtype == DType::kF32) {
       auto* data = reinterpret_cast<float*>(in.initial_state.data());
@@ -251,10 +303,25 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
       if (n < s.N) offset += spec.seq_lens[n];
     }
   }
+  if (spec.pool.enabled()) make_index_sets(in, stream_key(spec.seed, kSlots));
   return in;
 }
 
-TensorPointers host_input_pointers(const HostInputs& in) {
+const HostVector<int32_t>& HostInputs::written_slots(int64_t set) const {
+  static const HostVector<int32_t> none;
+  if (!spec.pool.enabled()) return none;
+  return spec.pool.token_states ? token_state_indices[set] : state_indices[set];
+}
+
+HostVector<unsigned char> gather_slots(const unsigned char* pool, const HostVector<int32_t>& slots, size_t slot_bytes) {
+  HostVector<unsigned char> packed;
+  resize_or_throw(packed, slots.size() * slot_bytes, "the copy of " + std::to_string(slots.size()) + " pool slots");
+  for (size_t i = 0; i < slots.size(); ++i)
+    std::memcpy(packed.data() + i * slot_bytes, pool + static_cast<size_t>(slots[i]) * slot_bytes, slot_bytes);
+  return packed;
+}
+
+TensorPointers host_input_pointers(const HostInputs& in, int64_t set) {
   TensorPointers p;
   p.q = in.q.data();
   p.k = in.k.data();
@@ -265,6 +332,10 @@ TensorPointers host_input_pointers(const HostInputs& in) {
   p.dt_bias = in.dt_bias.data();
   p.initial_state = in.initial_state.empty() ? nullptr : in.initial_state.data();
   p.cu_seqlens = in.cu_seqlens.empty() ? nullptr : in.cu_seqlens.data();
+  if (in.spec.pool.enabled()) {
+    p.state_indices = in.state_indices[set].data();
+    p.token_state_indices = in.spec.pool.token_states ? in.token_state_indices[set].data() : nullptr;
+  }
   return p;
 }
 
@@ -278,11 +349,17 @@ ForwardArgs make_forward_args(const WorkloadSpec& spec, const TensorPointers& p)
   a.beta = make_tensor(p.beta, DType::kBF16, s.B, s.T, s.H);
   a.A_log = make_tensor(p.A_log, DType::kF32, s.H);
   a.dt_bias = make_tensor(p.dt_bias, DType::kF32, s.H, s.K);
+  const int64_t states = spec.pool.enabled() ? s.pool_slots : s.N;  // a pool, or one state per sequence
   if (spec.state != StateKind::kNone && p.initial_state)
-    a.initial_state = make_tensor(p.initial_state, s.state_dtype, s.N, s.H, s.V, s.K);
+    a.initial_state = make_tensor(p.initial_state, s.state_dtype, states, s.H, s.V, s.K);
   if (s.packed) a.cu_seqlens = make_tensor(p.cu_seqlens, spec.cu_seqlens_dtype, s.N + 1);
   a.out = make_tensor(p.out, DType::kBF16, s.B, s.T, s.H, s.V);
-  if (spec.final_state && p.final_state) a.final_state = make_tensor(p.final_state, s.state_dtype, s.N, s.H, s.V, s.K);
+  if (spec.final_state && p.final_state)
+    a.final_state = make_tensor(p.final_state, s.state_dtype, states, s.H, s.V, s.K);
+  if (spec.pool.enabled()) {
+    a.state_indices = make_tensor(p.state_indices, DType::kI32, s.N);
+    if (spec.pool.token_states) a.token_state_indices = make_tensor(p.token_state_indices, DType::kI32, s.N, s.T);
+  }
   a.lower_bound = spec.lower_bound;
   a.scale = spec.scale;
   a.gate = spec.gate;
@@ -302,8 +379,8 @@ std::string describe_sequences(const std::vector<int64_t>& seq_lens) {
   std::string list;
   const bool all_equal = n > 1 && std::all_of(seq_lens.begin(), seq_lens.end(), [&](int64_t L) { return L == seq_lens[0]; });
   if (all_equal)
-    return std::to_string(n) + " sequences of " + std::to_string(seq_lens[0]) + " tokens (" + std::to_string(total) +
-           " tokens)";
+    return std::to_string(n) + " sequences of " + std::to_string(seq_lens[0]) +
+           (seq_lens[0] == 1 ? " token (" : " tokens (") + std::to_string(total) + " tokens)";
   else if (n <= 12)
     list = std::string("[") + join(seq_lens) + "]";
   else

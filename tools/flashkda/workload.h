@@ -58,6 +58,19 @@ void resize_or_throw(Vec& v, size_t n, const std::string& what) {
 enum class StateKind { kNone, kBF16, kF32 };
 const char* state_kind_name(StateKind s);
 
+// Decode from a state pool (docs/benchmark.md's D cases): the states live in one pool of slots,
+// read and written through int32 indices. The pool holds `index_sets` disjoint sets of slots, one
+// per step of the rotation (call i uses set i % index_sets), each naming the N start slots and,
+// for speculative verify, N x T more, one per draft token; the slots are shuffled over the pool.
+// Without token states the states are updated in place (initial_state == final_state == the
+// pool); with them the start slots are only read and the state after token t of sequence n goes
+// to its own slot (token_state_indices), with no final state besides.
+struct PoolSpec {
+  int64_t index_sets = 0;     // 0: no pool, states [N, H, V, K]
+  bool token_states = false;  // speculative verify
+  bool enabled() const { return index_sets > 0; }
+};
+
 struct WorkloadSpec {
   std::vector<int64_t> seq_lens;  // one entry per sequence
   bool batch_form = false;        // equal lengths laid out as [B, T] rows, without cu_seqlens
@@ -69,6 +82,7 @@ struct WorkloadSpec {
   bool final_state = true;             // final state written (dtype: the initial state's, bf16 without one)
   DType cu_seqlens_dtype = DType::kI64;
   uint64_t seed = 0;
+  PoolSpec pool;  // with a pool: batch_form, an initial state and final_state are required
 };
 
 // The tensor dimensions a spec gives.
@@ -77,14 +91,22 @@ struct Shape {
   int64_t total_tokens = 0;  // B * T
   bool packed = false;       // cu_seqlens given
   DType state_dtype = DType::kBF16;  // of the final state (and the initial one when given)
+  int64_t pool_slots = 0;            // P with a pool (index_sets x slots_per_set), else 0
+  int64_t slots_per_set = 0;         // N, or N x (T + 1) with token states
+  int64_t written_per_sequence = 0;  // states one call writes per sequence: 1, or T with token states
 };
 Shape shape_of(const WorkloadSpec& spec);
 
-// Bytes of each tensor of a shape.
+// Bytes of each tensor of a shape. With a pool, initial_state is the whole pool, final_state 0
+// (the pool is updated in place), and the index arrays are those of one index set.
 struct TensorBytes {
   size_t q = 0, k = 0, v = 0, g = 0, beta = 0, A_log = 0, dt_bias = 0, initial_state = 0, cu_seqlens = 0;
+  size_t state_indices = 0, token_state_indices = 0;
   size_t out = 0, final_state = 0;
-  size_t inputs() const { return q + k + v + g + beta + A_log + dt_bias + initial_state + cu_seqlens; }
+  size_t slot = 0;  // one slot of the pool (H states), with a pool
+  size_t inputs() const {
+    return q + k + v + g + beta + A_log + dt_bias + initial_state + cu_seqlens + state_indices + token_state_indices;
+  }
   size_t outputs() const { return out + final_state; }
 };
 TensorBytes tensor_bytes(const WorkloadSpec& spec);
@@ -110,7 +132,9 @@ std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads
 
 // The bytes a forward must move at least (docs/benchmark.md's floor formula): read q, k, v, g,
 // beta and the initial state once, write out and the final state once. With bf16 states in and
-// out this is T*H*128*2*5 + T*H*2 + N*H*128*128*2*2.
+// out this is T*H*128*2*5 + T*H*2 + N*H*128*128*2*2. With a pool (s bytes per state element):
+// N*H*128*128*s*2 + N*T*H*(128*2*5 + 2), and with token states, which write one state per
+// token, N*H*128*128*s*(1 + T) + N*T*H*(128*2*5 + 2).
 double floor_bytes(const WorkloadSpec& spec);
 
 // Random host inputs: q, k, v, g ~ N(0,1), beta logit ~ N(0,1), A_log ~ U(0,1),
@@ -120,19 +144,31 @@ struct HostInputs {
   Shape shape;
   HostVector<uint16_t> q, k, v, g, beta;  // bf16 bits
   HostVector<float> A_log, dt_bias;
-  HostVector<unsigned char> initial_state;  // bf16 or f32, empty without one
+  HostVector<unsigned char> initial_state;  // bf16 or f32, empty without one; with a pool, the pool
   HostVector<unsigned char> cu_seqlens;     // int64 or int32, empty without it
+  // With a pool, per index set: the start slots [N] and, with token states, the token slots [N, T].
+  std::vector<HostVector<int32_t>> state_indices, token_state_indices;
+
+  // The slots one call on index set `set` writes, in the order [n, t] (the start slots in place,
+  // or the token slots); empty without a pool.
+  const HostVector<int32_t>& written_slots(int64_t set) const;
 };
 HostInputs make_host_inputs(const WorkloadSpec& spec);
+
+// The bytes of the slots `slots` of a pool [P, H, V, K] (slot_bytes each), packed one after
+// another in the order given: [slots.size(), H, V, K].
+HostVector<unsigned char> gather_slots(const unsigned char* pool, const HostVector<int32_t>& slots, size_t slot_bytes);
 
 // Where each tensor of one forward call lives (host or device).
 struct TensorPointers {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
   const void *A_log = nullptr, *dt_bias = nullptr, *initial_state = nullptr, *cu_seqlens = nullptr;
+  const void *state_indices = nullptr, *token_state_indices = nullptr;  // with a pool
   void* out = nullptr;
-  void* final_state = nullptr;
+  void* final_state = nullptr;  // with a pool: the pool, the initial state's buffer
 };
-TensorPointers host_input_pointers(const HostInputs& in);
+// The host inputs; with a pool, index set `set`'s indices and the pool as given (not a copy).
+TensorPointers host_input_pointers(const HostInputs& in, int64_t set = 0);
 ForwardArgs make_forward_args(const WorkloadSpec& spec, const TensorPointers& p);
 
 // "3 sequences [300, 157, 512] (969 tokens)" and the like.
