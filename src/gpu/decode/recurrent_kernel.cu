@@ -183,10 +183,9 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) rec
   const int lane = threadIdx.x % 32, kl = lane % kLanesPerRow;
   const int v0 = (blockIdx.x % Shape::kBlocksPerHead) * Shape::kRows + (threadIdx.x / kLanesPerRow) * kRowsPerLane;
 
-  const int64_t start = p.state_indices.data ? p.state_indices[n] : n;
-  if (start < 0) return;  // padding: nothing is written for this sequence
-  if (p.initial_state && start >= p.initial_slots) return;  // unchecked bad index: stay in bounds
-  const int64_t final_slot = p.final_indices.data ? p.final_indices[n] : (p.token_indices.data ? -1 : start);
+  const int64_t start = p.slots.start(n);
+  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
+  const int64_t final_slot = p.token_indices.data && !p.slots.final.data ? -1 : p.slots.final_slot(n, start);
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
 
@@ -257,13 +256,13 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) rec
           make_uint2(ptx::pack_bf16x2(o[0], o[1]), ptx::pack_bf16x2(o[2], o[3]));
     if (p.token_indices.data && p.final_state && t < p.token_columns) {
       const int64_t slot = p.token_indices[n * p.token_columns + t];
-      if (slot >= 0 && slot < p.final_slots)
+      if (slot >= 0 && slot < p.slots.final_slots)
         store_tile<L>(s, static_cast<char*>(p.final_state) + (slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
                       p.final_bf16, v0, kl);
     }
   }
   if (p.checkpoints > 0 && len % 16 == 0) write_checkpoints<L>(p, s, n, h, len, v0, kl);
-  if (p.final_state && final_slot >= 0 && final_slot < p.final_slots)
+  if (p.final_state && final_slot >= 0)
     store_tile<L>(s, static_cast<char*>(p.final_state) + (final_slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
                   p.final_bf16, v0, kl);
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "flashkda/flashkda.h"
+#include "gpu/common/state_slots.cuh"
 #include "gpu/prefill/sequences.cuh"
 
 namespace flashkda::gpu {
@@ -22,17 +23,6 @@ struct ActivationView {
   }
 };
 
-// An int32 or int64 index array on the device; null: absent.
-struct IndexView {
-  const void* data = nullptr;
-  bool i32 = false;
-
-  __device__ __forceinline__ int64_t operator[](int64_t i) const {
-    return i32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(data) + i))
-               : static_cast<int64_t>(__ldg(static_cast<const int64_t*>(data) + i));
-  }
-};
-
 struct RecurrentParams {
   ActivationView q, k, v, g, beta;  // q, k, g: D = 128; v: D = 128; beta: D = 1
   bool vector_loads;                // every row of q, k, v, g starts 8-byte aligned
@@ -40,17 +30,14 @@ struct RecurrentParams {
   const float* dt_bias;             // [H, 128]
   int num_heads;
   SequenceTable seqs;
-  // States [slots, H, 128, 128] in `layout`; a slot outside [0, slots) is skipped (only reachable
-  // when the host did not check the indices: SeqlenCheck::kDeviceGuardsOnly or graph capture).
+  // States [slots, H, 128, 128] in `layout`, at the slots of `slots`.
   const void* initial_state;        // or nullptr: sequences start from zero
   bool initial_bf16;
-  int64_t initial_slots;
   void* final_state;                // or nullptr: no state written
   bool final_bf16;
-  int64_t final_slots;
-  IndexView state_indices;          // [N]: start slots (absent: slot n); negative: padding
-  IndexView final_indices;          // [N]: final slots (absent: the start slot, or none with token_indices)
+  StateSlotTable slots;
   IndexView token_indices;          // [N, token_columns]: the state after token t to slot [n, t]
+                                    // (then no final state without slots.final)
   int64_t token_columns;
   IndexView checkpoint_offsets;     // [N, checkpoints]: fp32 states after that many tokens
   int64_t checkpoints;

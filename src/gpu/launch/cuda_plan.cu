@@ -8,6 +8,7 @@
 #include "api/validate.h"
 #include "gpu/decode/recurrent_params.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/launch/device_views.h"
 
 namespace flashkda::gpu {
 namespace {
@@ -21,7 +22,6 @@ constexpr int64_t kDecodeTokensPerSequence = 8;
 // chunked run gives; nullptr when it takes the problem.
 const char* chunked_prefill_lacks(const Problem& p) {
   if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
-  if (p.state_indices) return "state_indices: the chunked prefill does not implement state pools yet";
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
   if (p.checkpoint_offsets) return "checkpoint_offsets: the chunked prefill does not write prefix checkpoints yet";
   if (p.state_layout != StateLayout::kVK)
@@ -59,8 +59,6 @@ bool rows_aligned_for_vectors(const Problem& p) {
   };
   return ok(p.q, p.q_rows) && ok(p.k, p.k_rows) && ok(p.v, p.v_rows) && ok(p.g, p.g_rows);
 }
-
-IndexView index_view(const void* data, DType dtype) { return {data, dtype == DType::kI32}; }
 
 }  // namespace
 
@@ -102,12 +100,9 @@ void recurrent_forward(const Problem& p, cudaStream_t stream) {
   r.seqs = {p.cu_seqlens, p.cu_seqlens_dtype == DType::kI32, p.T, p.N, p.total_tokens};
   r.initial_state = p.initial_state;
   r.initial_bf16 = p.initial_state_dtype == DType::kBF16;
-  r.initial_slots = p.initial_slots;
   r.final_state = p.final_state;
   r.final_bf16 = p.final_state_dtype == DType::kBF16;
-  r.final_slots = p.final_slots;
-  r.state_indices = index_view(p.state_indices, p.state_indices_dtype);
-  r.final_indices = index_view(p.final_state_indices, p.final_state_indices_dtype);
+  r.slots = state_slot_table(p);
   r.token_indices = index_view(p.token_state_indices, p.token_state_indices_dtype);
   r.token_columns = p.token_state_columns;
   r.checkpoint_offsets = index_view(p.checkpoint_offsets, p.checkpoint_offsets_dtype);

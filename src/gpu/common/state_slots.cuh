@@ -1,0 +1,42 @@
+// Where each sequence's state lives on the device: slot tables read by the kernels of both
+// jobs (the chunked prefill's state pass and the recurrent kernel).
+#pragma once
+
+#include <cstdint>
+
+namespace flashkda::gpu {
+
+// An int32 or int64 index array on the device; null: absent.
+struct IndexView {
+  const void* data = nullptr;
+  bool i32 = false;
+
+  __device__ __forceinline__ int64_t operator[](int64_t i) const {
+    return i32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(data) + i))
+               : static_cast<int64_t>(__ldg(static_cast<const int64_t*>(data) + i));
+  }
+};
+
+// The slots of the sequences' initial and final states (docs/contract.md, Serving). Without
+// indices sequence n uses slot n. A slot outside its pool is never touched: the host checks the
+// indices unless told not to (SeqlenCheck::kDeviceGuardsOnly, graph capture), so only unchecked
+// bad values reach here, and they must not reach outside a tensor.
+struct StateSlotTable {
+  IndexView initial;        // [N]: start slots; negative: padding (the sequence is skipped)
+  IndexView final;          // [N]: final slots (absent: the start slot); negative: not written
+  int64_t initial_slots;    // slots of initial_state (0 when absent)
+  int64_t final_slots;      // slots of final_state (0 when absent)
+
+  __device__ __forceinline__ int64_t start(int64_t n) const { return initial.data ? initial[n] : n; }
+  // The sequence runs: not padding, and its start slot inside the pool when there is one.
+  __device__ __forceinline__ bool runs(int64_t start_slot, bool has_initial) const {
+    return start_slot >= 0 && (!has_initial || start_slot < initial_slots);
+  }
+  // Its final slot, or -1 for none (also for one outside the pool).
+  __device__ __forceinline__ int64_t final_slot(int64_t n, int64_t start_slot) const {
+    const int64_t f = final.data ? final[n] : start_slot;
+    return f >= 0 && f < final_slots ? f : -1;
+  }
+};
+
+}  // namespace flashkda::gpu

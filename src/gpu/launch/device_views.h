@@ -1,0 +1,12 @@
+// Device-side views of a validated Problem's index arrays, built on the host for the launches.
+#pragma once
+
+#include "common/problem.h"
+#include "gpu/common/state_slots.cuh"
+
+namespace flashkda::gpu {
+
+IndexView index_view(const void* data, DType dtype);  // int32 or int64; null stays absent
+StateSlotTable state_slot_table(const Problem& p);    // the state pools' slots (slot n without indices)
+
+}  // namespace flashkda::gpu
