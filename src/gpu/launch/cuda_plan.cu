@@ -22,6 +22,7 @@ constexpr int64_t kDecodeTokensPerSequence = 8;
 // chunked run gives; nullptr when it takes the problem.
 const char* chunked_prefill_lacks(const Problem& p) {
   if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
+  if (p.state_indices) return "state_indices: the chunked prefill does not implement state pools yet";
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
   if (p.checkpoint_offsets) return "checkpoint_offsets: the chunked prefill does not write prefix checkpoints yet";
   if (p.state_layout != StateLayout::kVK)
