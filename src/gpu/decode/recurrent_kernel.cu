@@ -5,7 +5,8 @@
 // rows); each lane holds a 4 x 16 tile of its half, 4 value rows by 16 key columns, and the 8
 // lanes that share rows hold all 128 columns between them, so every dot product over the key
 // axis is 16 FMAs and three shuffles. Rows of the state are independent given the token's
-// q, k, gate and beta, which every lane computes for its own columns (no block barrier at all).
+// q, k, gate and beta, which each warp prepares for itself (TokenPrep: a lane 4 of the 128
+// columns, in shared memory; no block barrier at all).
 // When out is the very buffer of q, k, v or g (an exact alias the contract allows), one block of
 // 256 threads takes the whole head and waits for all its lanes to have read a token before any
 // writes that token's out row: blocks never share a row then.
@@ -112,23 +113,18 @@ __device__ __forceinline__ void unpack4(uint2 raw, float* dst) {
   dst[3] = b.y;
 }
 
-// What one lane reads of a token: q, k, g at its 16 key columns, v at its 4 value rows, beta.
+// What one lane reads of a token: q, k, g at the 4 key columns it prepares (4 lane .. 4 lane + 3),
+// v at its 4 value rows, beta.
 struct TokenInputs {
-  uint2 q[4], k[4], g[4];
-  uint2 v;
+  uint2 q, k, g, v;
   uint16_t beta;
 };
 
-__device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t row, int h, int v0, int kl) {
+__device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t row, int h, int v0, int lane) {
   TokenInputs x;
-  const uint16_t *q = p.q.row(row, h), *k = p.k.row(row, h), *g = p.g.row(row, h);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int col = kl * 4 + 32 * i;
-    x.q[i] = load4(q + col, p.vector_loads);
-    x.k[i] = load4(k + col, p.vector_loads);
-    x.g[i] = load4(g + col, p.vector_loads);
-  }
+  x.q = load4(p.q.row(row, h) + 4 * lane, p.vector_loads);
+  x.k = load4(p.k.row(row, h) + 4 * lane, p.vector_loads);
+  x.g = load4(p.g.row(row, h) + 4 * lane, p.vector_loads);
   x.v = load4(p.v.row(row, h) + v0, p.vector_loads);
   x.beta = *p.beta.row(row, h);
   return x;
@@ -142,17 +138,21 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-// x / sqrt(sum(x^2) + 1e-6) over the 128 columns (the 8 lanes' 16 each), times `factor`.
-__device__ __forceinline__ void l2_normalise(const uint2 (&raw)[4], float (&x)[16], float factor) {
-  float sq = 0.f;
+// Sums of a and b over the warp, side by side.
+__device__ __forceinline__ void warp_sum2(float& a, float& b) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) unpack4(raw[i], x + 4 * i);
-#pragma unroll
-  for (int c = 0; c < 16; ++c) sq = fmaf(x[c], x[c], sq);
-  const float r = rsqrtf(row_sum(sq) + 1e-6f) * factor;
-#pragma unroll
-  for (int c = 0; c < 16; ++c) x[c] *= r;
+  for (int m = 1; m < 32; m *= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, m);
+    b += __shfl_xor_sync(0xffffffffu, b, m);
+  }
 }
+
+// One token's normalised q (times the output scale), normalised k and decays exp(a), over the
+// 128 key columns: each warp prepares its own copy (a lane 4 columns, no block barrier), double
+// buffered by token parity, so a warp's lanes meet at one __syncwarp a token.
+struct TokenPrep {
+  float4 q[2][32], k[2][32], decay[2][32];
+};
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
@@ -172,10 +172,11 @@ __device__ __forceinline__ void write_checkpoints(const RecurrentParams& p, Tile
                     v0, kl);
 }
 
-// 168 registers (no spills) at 3 blocks of 4 warps a multiprocessor: ~96 KB of state loads in
-// flight on each, several times what the memory system needs to stay busy.
+// At most 128 registers (no spills): 4 blocks of 4 warps a multiprocessor. A decode step is
+// latency-bound per block (load the tile, a chain of dependent arithmetic and shuffles, store),
+// so warps in flight matter more than anything else here.
 template <StateLayout L, int kWarps>
-__global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) recurrent_kernel(const RecurrentParams p) {
+__global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) recurrent_kernel(const RecurrentParams p) {
   using Shape = BlockShape<kWarps>;
   const int64_t item = blockIdx.x / Shape::kBlocksPerHead;  // (sequence, head)
   const int64_t n = item / p.num_heads;
@@ -204,28 +205,58 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) rec
   }
 
   const float exp_a_log = expf(__ldg(p.A_log + h));
-  const float* dt_bias = p.dt_bias + h * kDim + kl * 4;  // read per token from L1: fewer registers
+  float dt[4];  // dt_bias at the 4 columns this lane prepares (4-byte aligned only: scalar loads)
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dt[e] = __ldg(p.dt_bias + h * kDim + 4 * lane + e);
+  __shared__ TokenPrep prep_of_warp[Shape::kThreads / 32];
+  TokenPrep& prep = prep_of_warp[threadIdx.x / 32];
 
   const int64_t len = eos - bos;
   const int64_t final_elem = p.final_bf16 ? 2 : 4;
   TokenInputs next;
-  if (len > 0) next = load_token(p, bos, h, v0, kl);
+  if (len > 0) next = load_token(p, bos, h, v0, lane);
   for (int64_t t = 0; t < len; ++t) {
     if (p.checkpoints > 0 && t % 16 == 0) write_checkpoints<L>(p, s, n, h, t, v0, kl);
     const TokenInputs x = next;
-    if (t + 1 < len) next = load_token(p, bos + t + 1, h, v0, kl);  // in flight during this token
+    if (t + 1 < len) next = load_token(p, bos + t + 1, h, v0, lane);  // in flight during this token
 
-    float qn[16], kn[16], d[16];
-    l2_normalise(x.q, qn, p.scale);  // the output scale folded into q
-    l2_normalise(x.k, kn, 1.f);
+    const int buf = static_cast<int>(t & 1);
+    {  // this lane's 4 columns of the token's prep
+      float q[4], k[4], g[4];
+      unpack4(x.q, q);
+      unpack4(x.k, k);
+      unpack4(x.g, g);
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sq = fmaf(q[e], q[e], sq);
+        sk = fmaf(k[e], k[e], sk);
+      }
+      warp_sum2(sq, sk);
+      const float rq = rsqrtf(sq + 1e-6f) * p.scale, rk = rsqrtf(sk + 1e-6f);  // the output scale folded into q
+      prep.q[buf][lane] = make_float4(q[0] * rq, q[1] * rq, q[2] * rq, q[3] * rq);
+      prep.k[buf][lane] = make_float4(k[0] * rk, k[1] * rk, k[2] * rk, k[3] * rk);
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[e] = decay(g[e] + dt[e], exp_a_log, p.lower_bound, p.softplus_gate);
+      prep.decay[buf][lane] = make_float4(d[0], d[1], d[2], d[3]);
+    }
+    __syncwarp();
+
+    // This lane's 16 columns kl * 4 + 32 i + e: float4 i of the prep is lane kl + 8 i's.
+    float kn[16];  // q is read from the prep where it is used: fewer live registers
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      unpack4(x.g[i], d + 4 * i);
+      const float4 b = prep.k[buf][kl + 8 * i], d = prep.decay[buf][kl + 8 * i];
+      kn[4 * i] = b.x, kn[4 * i + 1] = b.y, kn[4 * i + 2] = b.z, kn[4 * i + 3] = b.w;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d[4 * i + e] += __ldg(dt_bias + 32 * i + e);  // 4-byte aligned only
+      for (int j = 0; j < kRowsPerLane; ++j) {  // S' = Diag(exp(a)) S
+        s[j][i][0] *= d.x;
+        s[j][i][1] *= d.y;
+        s[j][i][2] *= d.z;
+        s[j][i][3] *= d.w;
+      }
     }
-#pragma unroll
-    for (int c = 0; c < 16; ++c) d[c] = decay(d[c], exp_a_log, p.lower_bound, p.softplus_gate);
     const float beta = sigmoid(__uint_as_float(uint32_t(x.beta) << 16));
     float v[4];
     unpack4(x.v, v);
@@ -235,18 +266,18 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 12 / kWarps) rec
     for (int j = 0; j < kRowsPerLane; ++j) {
       float pred = 0.f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        float& e = s[j][c / 4][c % 4];
-        e *= d[c];  // S' = Diag(exp(a)) S
-        pred = fmaf(e, kn[c], pred);
-      }
+      for (int c = 0; c < 16; ++c) pred = fmaf(s[j][c / 4][c % 4], kn[c], pred);
       const float u = beta * (v[j] - row_sum(pred));  // beta (v - S'^T k)
       float acc = 0.f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        float& e = s[j][c / 4][c % 4];
-        e = fmaf(u, kn[c], e);
-        acc = fmaf(e, qn[c], acc);
+      for (int i = 0; i < 4; ++i) {
+        const float4 q = prep.q[buf][kl + 8 * i];
+        const float qc[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][i][e] = fmaf(u, kn[4 * i + e], s[j][i][e]);
+          acc = fmaf(s[j][i][e], qc[e], acc);
+        }
       }
       o[j] = row_sum(acc);
     }
