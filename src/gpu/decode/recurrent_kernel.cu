@@ -54,33 +54,44 @@ struct Runs {
   }
 };
 
+// Issues the loads of the lane's tile. A bf16 tile arrives packed (each run's two bf16 pairs as
+// the bit patterns of its first two elements) and is widened by widen_tile where first used: the
+// loads stay in flight while the warp prepares the first token, instead of stalling it at an
+// unpack instruction.
 template <StateLayout L>
 __device__ __forceinline__ void load_tile(Tile& s, const void* head_state, bool bf16, int v0, int kl) {
   if (bf16) {
-    uint2 raw[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-      raw[r] = __ldcs(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(head_state) + Runs<L>::offset(r, v0, kl)));
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const float2 a = ptx::unpack_bf16x2(raw[r].x), b = ptx::unpack_bf16x2(raw[r].y);
-      Runs<L>::at(s, r, 0) = a.x;
-      Runs<L>::at(s, r, 1) = a.y;
-      Runs<L>::at(s, r, 2) = b.x;
-      Runs<L>::at(s, r, 3) = b.y;
+      const uint2 raw =
+          __ldcs(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(head_state) + Runs<L>::offset(r, v0, kl)));
+      Runs<L>::at(s, r, 0) = __uint_as_float(raw.x);
+      Runs<L>::at(s, r, 1) = __uint_as_float(raw.y);
     }
   } else {
-    float4 raw[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-      raw[r] = __ldcs(reinterpret_cast<const float4*>(static_cast<const float*>(head_state) + Runs<L>::offset(r, v0, kl)));
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      Runs<L>::at(s, r, 0) = raw[r].x;
-      Runs<L>::at(s, r, 1) = raw[r].y;
-      Runs<L>::at(s, r, 2) = raw[r].z;
-      Runs<L>::at(s, r, 3) = raw[r].w;
+      const float4 raw =
+          __ldcs(reinterpret_cast<const float4*>(static_cast<const float*>(head_state) + Runs<L>::offset(r, v0, kl)));
+      Runs<L>::at(s, r, 0) = raw.x;
+      Runs<L>::at(s, r, 1) = raw.y;
+      Runs<L>::at(s, r, 2) = raw.z;
+      Runs<L>::at(s, r, 3) = raw.w;
     }
+  }
+}
+
+// A packed bf16 tile (load_tile) to fp32, in place.
+template <StateLayout L>
+__device__ __forceinline__ void widen_tile(Tile& s) {
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const float2 a = ptx::unpack_bf16x2(__float_as_uint(Runs<L>::at(s, r, 0)));
+    const float2 b = ptx::unpack_bf16x2(__float_as_uint(Runs<L>::at(s, r, 1)));
+    Runs<L>::at(s, r, 0) = a.x;
+    Runs<L>::at(s, r, 1) = a.y;
+    Runs<L>::at(s, r, 2) = b.x;
+    Runs<L>::at(s, r, 3) = b.y;
   }
 }
 
@@ -190,11 +201,22 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
 
+  // The first token's inputs, then the tile: the token's prep runs while the tile is in flight.
+  const int64_t len = eos - bos;
+  TokenInputs next;
+  if (len > 0) next = load_token(p, bos, h, v0, lane);
+  const float exp_a_log = expf(__ldg(p.A_log + h));
+  float dt[4];  // dt_bias at the 4 columns this lane prepares (4-byte aligned only: scalar loads)
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dt[e] = __ldg(p.dt_bias + h * kDim + 4 * lane + e);
+
   Tile s;
+  bool packed = false;  // s holds a packed bf16 tile until widen_tile
   if (p.initial_state) {
     const int64_t elem = p.initial_bf16 ? 2 : 4;
     load_tile<L>(s, static_cast<const char*>(p.initial_state) + (start * p.num_heads + h) * int64_t{kStateElems} * elem,
                  p.initial_bf16, v0, kl);
+    packed = p.initial_bf16;
   } else {
 #pragma unroll
     for (int j = 0; j < kRowsPerLane; ++j)
@@ -203,20 +225,19 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][i][e] = 0.f;
   }
+  auto widen = [&] {
+    if (packed) widen_tile<L>(s);
+    packed = false;
+  };
 
-  const float exp_a_log = expf(__ldg(p.A_log + h));
-  float dt[4];  // dt_bias at the 4 columns this lane prepares (4-byte aligned only: scalar loads)
-#pragma unroll
-  for (int e = 0; e < 4; ++e) dt[e] = __ldg(p.dt_bias + h * kDim + 4 * lane + e);
   __shared__ TokenPrep prep_of_warp[Shape::kThreads / 32];
   TokenPrep& prep = prep_of_warp[threadIdx.x / 32];
-
-  const int64_t len = eos - bos;
   const int64_t final_elem = p.final_bf16 ? 2 : 4;
-  TokenInputs next;
-  if (len > 0) next = load_token(p, bos, h, v0, lane);
   for (int64_t t = 0; t < len; ++t) {
-    if (p.checkpoints > 0 && t % 16 == 0) write_checkpoints<L>(p, s, n, h, t, v0, kl);
+    if (p.checkpoints > 0 && t % 16 == 0) {
+      widen();
+      write_checkpoints<L>(p, s, n, h, t, v0, kl);
+    }
     const TokenInputs x = next;
     if (t + 1 < len) next = load_token(p, bos + t + 1, h, v0, lane);  // in flight during this token
 
@@ -243,6 +264,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
     }
     __syncwarp();
 
+    widen();
     // This lane's 16 columns kl * 4 + 32 i + e: float4 i of the prep is lane kl + 8 i's.
     float kn[16];  // q is read from the prep where it is used: fewer live registers
 #pragma unroll
@@ -292,6 +314,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
                       p.final_bf16, v0, kl);
     }
   }
+  widen();  // a sequence without tokens
   if (p.checkpoints > 0 && len % 16 == 0) write_checkpoints<L>(p, s, n, h, len, v0, kl);
   if (p.final_state && final_slot >= 0)
     store_tile<L>(s, static_cast<char*>(p.final_state) + (final_slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
