@@ -18,6 +18,7 @@
 #include "api/validate.h"
 #include "gpu/decode/recurrent_params.h"
 #include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/fast_math.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -165,7 +166,8 @@ struct TokenPrep {
   float4 q[2][32], k[2][32], decay[2][32];
 };
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+// One MUFU exp2 and one MUFU reciprocal, as the prep kernel's (fast_math.cuh): 1 / (1 + inf) = 0.
+__device__ __forceinline__ float sigmoid(float x) { return ptx::rcp_ftz(1.f + ptx::exp2_ftz(-ptx::kLog2e * x)); }
 
 // exp(a) of the gate's log-decay a, for g + dt_bias = x (docs/contract.md, both gates).
 __device__ __forceinline__ float decay(float x, float exp_a_log, float lower_bound, bool softplus_gate) {
