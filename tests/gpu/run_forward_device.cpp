@@ -90,9 +90,10 @@ const char* backend_under_test() { return "cuda"; }
 }  // namespace flashkda::testing
 
 // The serving suites on the device. Without one, every test is skipped with a message (CTest
-// reads it as a skip). FLASHKDA_CUDA_KERNELS=recurrent unless set: these features run on the
-// recurrent kernel, and the checkpoint tests compare against prefix prefills bit for bit, which
-// holds where both take the same kernels.
+// reads it as a skip). FLASHKDA_CUDA_KERNELS=recurrent unless set: the checkpoint tests compare
+// against prefix prefills bit for bit, which holds where both take the same kernels. The pool
+// suite also runs with FLASHKDA_CUDA_KERNELS=auto (V-major pools then take the chunked prefill;
+// tests/gpu/CMakeLists.txt and scripts/gpu-check.sh).
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int devices = 0;

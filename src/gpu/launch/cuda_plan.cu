@@ -22,7 +22,6 @@ constexpr int64_t kDecodeTokensPerSequence = 8;
 // chunked run gives; nullptr when it takes the problem.
 const char* chunked_prefill_lacks(const Problem& p) {
   if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
-  if (p.state_indices) return "state_indices: the chunked prefill does not implement state pools yet";
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
   if (p.checkpoint_offsets) return "checkpoint_offsets: the chunked prefill does not write prefix checkpoints yet";
   if (p.state_layout != StateLayout::kVK)
@@ -32,13 +31,15 @@ const char* chunked_prefill_lacks(const Problem& p) {
   return nullptr;
 }
 
-// FLASHKDA_CUDA_KERNELS=chunked or =recurrent forces a choice (tests, benchmarks); unset: -1.
+// FLASHKDA_CUDA_KERNELS=chunked or =recurrent forces a choice (tests, benchmarks); unset or
+// =auto: -1, the plan's own choice.
 int forced_kernels() {
   const char* forced = std::getenv("FLASHKDA_CUDA_KERNELS");
-  if (!forced) return -1;
+  if (!forced || std::strcmp(forced, "auto") == 0) return -1;
   if (std::strcmp(forced, "chunked") == 0) return static_cast<int>(CudaPlan::Kernels::kChunkedPrefill);
   if (std::strcmp(forced, "recurrent") == 0) return static_cast<int>(CudaPlan::Kernels::kRecurrent);
-  fail(ErrorCode::kInvalidArgument, "FLASHKDA_CUDA_KERNELS: expected 'chunked' or 'recurrent', got '", forced, "'");
+  fail(ErrorCode::kInvalidArgument, "FLASHKDA_CUDA_KERNELS: expected 'chunked', 'recurrent' or 'auto', got '", forced,
+       "'");
 }
 
 // Rows of a [B, T, H, d] activation as the kernel indexes them (strides in elements).

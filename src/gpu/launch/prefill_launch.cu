@@ -9,6 +9,7 @@
 
 #include "api/validate.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/launch/device_views.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/launch/tensor_map.h"
 #include "gpu/prefill/kernels.h"
@@ -96,7 +97,8 @@ struct SplitChoice {
 int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((slots / blocks + 1) / 2); }
 
 SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
-  if (p.N != 1) return {};
+  // The stitch writes the final state where the host says, and a pool's slot is device data.
+  if (p.N != 1 || p.state_indices) return {};
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (forced == 0) return {};
   SplitChoice choice;
@@ -195,6 +197,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     p.initial_state_dtype == DType::kF32,
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
+                    state_slot_table(p),
                     p.out};
   if (persistent) {  // the prep kernel above zeroed the counter
     state.item_counter = reinterpret_cast<unsigned long long*>(after_records);

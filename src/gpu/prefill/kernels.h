@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "gpu/common/state_slots.cuh"
 #include "gpu/prefill/sequences.cuh"
 
 namespace flashkda::gpu {
@@ -51,10 +52,11 @@ struct StateParams {
   const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
   int num_heads;
   SequenceTable seqs;
-  const void* initial_state;   // [N, H, 128, 128] or nullptr
+  const void* initial_state;   // [slots, H, 128, 128] or nullptr
   bool initial_state_f32;
-  void* final_state;           // [N, H, 128, 128] or nullptr
+  void* final_state;           // [slots, H, 128, 128] or nullptr
   bool final_state_f32;
+  StateSlotTable slots;        // each sequence's slots (n without pools; not split with pools)
   uint16_t* out;               // [total, H, 128] bf16
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth

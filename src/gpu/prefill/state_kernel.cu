@@ -58,6 +58,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t n = head_block / H;
   const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
 
+  const int64_t start = p.slots.start(n);
+  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
@@ -106,10 +108,11 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     return;
   }
 
-  const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
+  const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
+  const int64_t initial_row0 = (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
   float acc[kTiles][4];
-  if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, state_row0, col0, lane);
+  if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
   else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity(acc, vbase, col0, lane);
 
@@ -143,8 +146,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
                                : a_run ? p.split.a_t + (segment - 1) * state_elems
                                        : p.split.b_t + (segment - 1) * state_elems;
     store_state(acc, final_state, true, state_row0, col0, lane);
-  } else if (p.final_state) {
-    store_state(acc, p.final_state, p.final_state_f32, state_row0, col0, lane);
+  } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
+    store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, col0,
+                lane);
   }
 }
 

@@ -80,6 +80,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     for (uint32_t item = 0;; ++item) {
       // The consumers read the previous item's number and state before its first chunk step.
       if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
+      // Padding sequences' items never reach the consumers: nothing is written for them.
+      while (j < items && !p.slots.runs(p.slots.start(j / H), p.initial_state != nullptr)) {
+        int64_t next = 0;
+        if (lane == 0) next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
+        j = __shfl_sync(0xffffffffu, next, 0);
+      }
       if (j >= items) {
         if (lane == 0) {
           *item_slot = -1;  // no more items
@@ -92,7 +98,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         const uint32_t row_bytes = f32_in ? 512 : 256;
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(&state_full, kHeadDim * row_bytes);
         __syncwarp();
-        const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + j * kHeadDim * int64_t{row_bytes};
+        const int64_t slot_head = p.slots.start(j / H) * H + j % H;
+        const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + slot_head * kHeadDim * int64_t{row_bytes};
         for (int row = lane; row < kHeadDim; row += 32)
           ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, &state_full);
       } else if (lane == 0) {
@@ -152,7 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         parity ^= 1;
       }
     }
-    if (p.final_state) store_state(acc, p.final_state, p.final_state_f32, j * kHeadDim + vbase, 0, lane);
+    if (const int64_t f = p.slots.final_slot(j / H, p.slots.start(j / H)); p.final_state && f >= 0)
+      store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * kHeadDim + vbase, 0, lane);
   }
 }
 
