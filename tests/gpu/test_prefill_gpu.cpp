@@ -521,14 +521,6 @@ TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
   EXPECT_THAT(msg, ::testing::HasSubstr("gate: the chunked prefill does not implement the softplus gate yet"));
   a = dev.args();
-  int64_t* idx = nullptr;
-  const int64_t host_idx[] = {1, 0};
-  check_cuda(cudaMalloc(&idx, sizeof host_idx), "indices");
-  check_cuda(cudaMemcpy(idx, host_idx, sizeof host_idx, cudaMemcpyHostToDevice), "indices");
-  a.state_indices = make_tensor(idx, DType::kI64, 2);
-  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("state_indices: the chunked prefill does not implement state pools yet"));
-  a = dev.args();
   a.state_layout = StateLayout::kKV;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
   EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the chunked prefill does not implement the K-major"));
@@ -553,7 +545,6 @@ TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   EXPECT_THAT(msg, ::testing::HasSubstr("the chunked prefill does not read strided views yet"));
   cudaFree(states);
   cudaFree(offsets);
-  cudaFree(idx);
 }
 
 TEST_F(GpuPrefill, BadDeviceCuSeqlensRefused) {
