@@ -10,10 +10,13 @@
 
 Both take the state pool arguments (state_indices, final_state_indices: optional [N] int64 or
 int32) and state_layout (0: V-major [.., V, K], 1: K-major [.., K, V]) after the others, with
-defaults, so calls without them are unchanged. forward_out also takes, last, with defaults None:
-checkpoint_offsets ([N, C] int64 or int32), checkpoint_state ([N, C, H, V, K] float32, written:
-declared mutated), workspace (a caller's reusable CUDA workspace, any dtype, its bytes count;
-written: declared mutated; ignored on the CPU) and token_state_indices ([N, T_max] int64 or int32:
+defaults, so calls without them are unchanged. forward_out's written tensors come first and have
+no defaults (out, final_state, then checkpoint_state: [N, C, H, V, K] float32 or None, and
+workspace: a caller's reusable CUDA workspace, any dtype, its bytes count, ignored on the CPU, or
+None), because torch 2.11's in-place bookkeeping indexes the positional arguments by the schema
+and the dispatcher drops trailing arguments equal to their defaults (an IndexError under
+torch.compile when a mutated argument was among them). It takes, last, with defaults None:
+checkpoint_offsets ([N, C] int64 or int32) and token_state_indices ([N, T_max] int64 or int32:
 per-token states into slots of the final_state pool, as flashkda.decode and the speculative verify
 of flashkda.fused_recurrent_kda write them). Prefix checkpoints go through forward_out only: the
 functional op's outputs stay (out, final_state), and flashkda.forward(checkpoint_offsets=...)
@@ -159,11 +162,11 @@ def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, l
 
 def _forward_out_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Tensor, dt_bias: Tensor,
                     initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], out: Tensor,
-                    final_state: Optional[Tensor], lower_bound: float, scale: float, gate: int,
+                    final_state: Optional[Tensor], checkpoint_state: Optional[Tensor],
+                    workspace: Optional[Tensor], lower_bound: float, scale: float, gate: int,
                     check_cu_seqlens: bool, state_indices: Optional[Tensor] = None,
                     final_state_indices: Optional[Tensor] = None, state_layout: int = 0,
                     state_in_place: bool = False, checkpoint_offsets: Optional[Tensor] = None,
-                    checkpoint_state: Optional[Tensor] = None, workspace: Optional[Tensor] = None,
                     token_state_indices: Optional[Tensor] = None) -> None:
     if state_in_place:
         if initial_state is not None or final_state is None:
@@ -181,9 +184,9 @@ _forward_out_op = torch.library.custom_op(
 
 @_forward_out_op.register_fake
 def _forward_out_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
-                      lower_bound, scale, gate, check_cu_seqlens, state_indices=None, final_state_indices=None,
-                      state_layout=0, state_in_place=False, checkpoint_offsets=None, checkpoint_state=None,
-                      workspace=None, token_state_indices=None):
+                      checkpoint_state, workspace, lower_bound, scale, gate, check_cu_seqlens, state_indices=None,
+                      final_state_indices=None, state_layout=0, state_in_place=False, checkpoint_offsets=None,
+                      token_state_indices=None):
     return None
 
 
@@ -291,6 +294,6 @@ def forward_out(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out
                  final_state, checkpoint_offsets, checkpoint_state, workspace, token_state_indices),
                 _FORWARD_OUT_NAMES))
     op = _forward_out_impl if _plain_eager(q) else torch.ops.flashkda.forward_out
-    op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state,
+    op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state, checkpoint_state, workspace,
        lower_bound, scale, gate, check_cu_seqlens, state_indices, final_state_indices, state_layout, state_in_place,
-       checkpoint_offsets, checkpoint_state, workspace, token_state_indices)
+       checkpoint_offsets, token_state_indices)

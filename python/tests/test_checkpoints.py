@@ -330,15 +330,17 @@ def test_checkpoint_state_of_jax_arrays_is_refused():
 
 
 def test_checkpoints_of_real_jax_arrays():
-    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    jnp = jax.numpy
     p = problem(70)
-    pj = {name: (None if x is None else jnp.asarray(x)) for name, x in p.items()}
+    cpu = jax.devices("cpu")[0]  # the CPU backend, as the NumPy prefix prefills it is compared with bit for bit
+    pj = {name: (None if x is None else jax.device_put(jnp.asarray(x), cpu)) for name, x in p.items()}
     args = [pj[name] for name in ("q", "k", "v", "g", "beta")]
     kw = dict(A_log=pj["A_log"], dt_bias=pj["dt_bias"], initial_state=pj["initial_state"],
-              cu_seqlens=pj["cu_seqlens"], checkpoint_offsets=jnp.asarray(offsets()))
+              cu_seqlens=pj["cu_seqlens"], checkpoint_offsets=jax.device_put(jnp.asarray(offsets()), cpu))
     with pytest.raises(TypeError, match=re.escape("checkpoint_state: it is written in place, and JAX arrays are "
                                                   "immutable")):
-        flashkda.forward(*args, checkpoint_state=jnp.zeros((N, C, H, K, K), jnp.float32), **kw)
+        flashkda.forward(*args, checkpoint_state=jax.device_put(jnp.zeros((N, C, H, K, K), jnp.float32), cpu), **kw)
     _, _, ckpt = flashkda.forward(*args, **kw)  # allocated: fine for JAX
     filled = np.array(ckpt)
     filled[offsets() < 0] = SENTINEL
@@ -488,8 +490,8 @@ def test_opcheck_in_place_op_with_checkpoints():
     final = torch.zeros(N, H, K, K)
     ckpt = torch.from_numpy(sentinel_checkpoints())
     args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["initial_state"],
-            p["cu_seqlens"], out, final, -5.0, K ** -0.5, 0, True, None, None, 0, False,
-            torch.from_numpy(offsets("int32")), ckpt, torch.empty(16, dtype=torch.uint8))
+            p["cu_seqlens"], out, final, ckpt, torch.empty(16, dtype=torch.uint8), -5.0, K ** -0.5, 0, True, None,
+            None, 0, False, torch.from_numpy(offsets("int32")))
     torch.library.opcheck(torch.ops.flashkda.forward_out.default, args)
     schema = torch.ops.flashkda.forward_out.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}

@@ -518,8 +518,8 @@ def test_opcheck_in_place_op_with_per_token_states():
     pool = torch.from_numpy(random_pool("float32", 9001))
     out = torch.zeros(N, 2, H, K, dtype=torch.bfloat16)
     idx = torch.tensor([[0, 1], [2, 3], [4, 5], [-1, 6]])
-    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], None, None, out, pool,
-            -5.0, K ** -0.5, 1, True, torch.tensor([1, 2, 11, 7]), None, 1, True, None, None, None, idx)
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], None, None, out, pool, None, None,
+            -5.0, K ** -0.5, 1, True, torch.tensor([1, 2, 11, 7]), None, 1, True, None, idx)
     torch.library.opcheck(torch.ops.flashkda.forward_out.default, args)
 
 

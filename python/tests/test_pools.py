@@ -499,7 +499,7 @@ def test_opcheck_in_place_op_with_a_pool():
     p, pool, idx = _torch_problem(150)
     out = torch.zeros(1, sum(LENGTHS), H, K, dtype=torch.bfloat16)
     args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], None, p["cu_seqlens"], out, pool,
-            -5.0, K ** -0.5, 0, True, idx, None, 1, True)
+            None, None, -5.0, K ** -0.5, 0, True, idx, None, 1, True)
     torch.library.opcheck(torch.ops.flashkda.forward_out.default, args)
 
 

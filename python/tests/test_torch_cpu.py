@@ -248,7 +248,8 @@ def test_all_meta_tensors_refused_eagerly_but_traced_by_the_custom_ops():
     out = torch.empty(1, 7, 2, K, dtype=torch.bfloat16, device="meta")
     assert torch.ops.flashkda.forward_out(meta["q"], meta["k"], meta["v"], meta["g"], meta["beta"], meta["A_log"],
                                           meta["dt_bias"], meta["initial_state"], meta["cu_seqlens"], out,
-                                          torch.empty_like(meta["initial_state"]), -5.0, K ** -0.5, 0, True) is None
+                                          torch.empty_like(meta["initial_state"]), None, None, -5.0, K ** -0.5, 0,
+                                          True) is None
 
 
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8 dtypes")
@@ -369,7 +370,7 @@ def test_opcheck_in_place_op():
     out = torch.empty(1, 10, 2, K, dtype=torch.bfloat16)
     final_state = torch.empty_like(p["initial_state"])
     args = (p["q"], p["k"], p["v"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["initial_state"], None, out,
-            final_state, -5.0, K ** -0.5, 0, True)
+            final_state, None, None, -5.0, K ** -0.5, 0, True)
     torch.library.opcheck(torch.ops.flashkda.forward_out.default, args)
 
 
