@@ -98,7 +98,9 @@ def _state_shape(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], state_layou
     if cu_seqlens is None or cu_seqlens.dim() != 1:
         N = q.shape[0]
     else:
-        N = torch.sym_max(cu_seqlens.shape[0] - 1, 0)
+        n = cu_seqlens.shape[0] - 1
+        # A plain int under static shapes (torch 2.11's dynamo cannot trace torch.sym_max on ints).
+        N = max(n, 0) if isinstance(n, int) else torch.sym_max(n, 0)
     if state_layout == 1:  # K-major [N, H, K, V]
         return (N, q.shape[2], q.shape[3], v.shape[3])
     return (N, q.shape[2], v.shape[3], q.shape[3])
