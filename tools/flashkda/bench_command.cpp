@@ -1,8 +1,8 @@
-// `flashkda bench`: the prefill cases P1-P11 and the decode cases D1-D4 of docs/benchmark.md (or
-// a custom shape), printed as a table and written as JSON. On the GPU: median of CUDA-event
-// timings, effective bandwidth, and the ratio to the floor (bytes / device copy bandwidth measured
-// in the same run). Without a usable GPU: the CPU backend on scaled-down shapes, reporting
-// token-heads per second.
+// `flashkda bench`: the prefill cases P1-P11, the decode cases D1-D4 and the serving rows (P1-pool
+// and the like, only with --case) of docs/benchmark.md (or a custom shape), printed as a table and
+// written as JSON. On the GPU: median of CUDA-event timings, effective bandwidth, and the ratio to
+// the floor (bytes / device copy bandwidth measured in the same run). Without a usable GPU: the
+// CPU backend on scaled-down shapes, reporting token-heads per second.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,13 +28,26 @@ struct DecodeCase {
   const char* goal_rule = "";
 };
 
+// A serving row of docs/benchmark.md: a prefill case with the features an inference engine uses.
+// Its goal is to be within 10% of the plain safe-gate case it derives from (scripts/bench_report.py
+// compares the two medians of one run).
+struct ServingCase {
+  const char* derived_from = nullptr;  // nullptr: not a serving row
+  bool pool = false;                   // bf16 pool of 2N slots, shuffled int32 indices, in place
+  int64_t checkpoint_every = 0;        // fp32 checkpoints every that many tokens (0: none)
+  Gate gate = Gate::kSafe;             // kSoftplus: with Kimi-Linear-like A_log and dt_bias
+};
+
 struct BenchCase {
   std::string name;
   std::vector<int64_t> seq_lens;
   int64_t heads;
   double goal_ms;  // docs/benchmark.md's goal on an H200 (0: none); decode: set from the floor
   DecodeCase decode = {};  // none: a prefill case
+  ServingCase serving = {};
   bool is_decode() const { return decode.pool != StateKind::kNone; }
+  bool is_serving() const { return serving.derived_from != nullptr; }
+  bool uses_pool() const { return is_decode() || serving.pool; }
 };
 
 std::vector<int64_t> repeat(int64_t count, int64_t length) { return std::vector<int64_t>(count, length); }
@@ -45,6 +58,8 @@ const std::vector<BenchCase>& bench_cases() {
   static const DecodeCase d2{StateKind::kBF16, false, 1 / 0.85, ">= 85% of copy bandwidth"};
   static const DecodeCase d3{StateKind::kF32, false, 3.0, "<= 3x the floor"};
   static const DecodeCase d4{StateKind::kF32, true, 1 / 0.8, ">= 80% of copy bandwidth"};
+  static const ServingCase p1_pool{"P1", true}, p3_pool{"P3", true}, p1_ckpt{"P1", true, 1024};
+  static const ServingCase p1_softplus{"P1", false, 0, Gate::kSoftplus}, p7_softplus{"P7", false, 0, Gate::kSoftplus};
   static const std::vector<BenchCase> cases = {
       {"P1", {8192}, 96, 0.48},          {"P2", mixed, 96, 0.49},          {"P3", repeat(8, 1024), 96, 0.50},
       {"P4", {8192}, 64, 0.32},          {"P5", mixed, 64, 0.33},          {"P6", repeat(8, 1024), 64, 0.33},
@@ -52,12 +67,26 @@ const std::vector<BenchCase>& bench_cases() {
       {"P10", repeat(4, 16384), 16, 0.63},  {"P11", {131072}, 8, 0.8},
       {"D1", repeat(256, 1), 32, 0, d1}, {"D2", repeat(256, 1), 32, 0, d2}, {"D3", repeat(32, 1), 32, 0, d3},
       {"D4", repeat(256, 4), 32, 0, d4},
+      // The serving rows, not in the default list (softplus and checkpoints run on the GPU's
+      // per-token kernel: slow).
+      {"P1-pool", {8192}, 96, 0, {}, p1_pool},  {"P3-pool", repeat(8, 1024), 96, 0, {}, p3_pool},
+      {"P1-ckpt", {8192}, 96, 0, {}, p1_ckpt},  {"P1-softplus", {8192}, 96, 0, {}, p1_softplus},
+      {"P7-softplus", {32768}, 8, 0, {}, p7_softplus},
   };
   return cases;
 }
 
+// The names --case accepts for a case list: a case's own, or "serving" for all the serving rows.
+std::vector<std::string> expand_case_name(const std::string& name) {
+  std::vector<std::string> names;
+  for (const BenchCase& c : bench_cases())
+    if (c.name == name || (name == "serving" && c.is_serving())) names.push_back(c.name);
+  return names;
+}
+
 // The case as run on the CPU: prefill lengths / divisor, decode requests / divisor (the tokens
-// per request stay), heads capped.
+// per request stay), heads capped; checkpoints every interval / divisor tokens, rounded to a
+// multiple of 16 (at least 16).
 BenchCase scaled_for_cpu(BenchCase c, int64_t divisor, int64_t max_heads) {
   if (c.is_decode()) {
     const auto requests = static_cast<int64_t>(c.seq_lens.size());
@@ -65,11 +94,13 @@ BenchCase scaled_for_cpu(BenchCase c, int64_t divisor, int64_t max_heads) {
   } else {
     for (int64_t& L : c.seq_lens) L = std::max<int64_t>(1, (L + divisor / 2) / divisor);
   }
+  if (int64_t& every = c.serving.checkpoint_every; every > 0)
+    every = std::max<int64_t>(16, (every / divisor + 8) / 16 * 16);
   c.heads = std::min(c.heads, max_heads);
   return c;
 }
 
-// The workload of a case; a decode case's pool holds `index_sets` disjoint sets of slots.
+// The workload of a case; a case's pool holds `index_sets` disjoint sets of slots.
 WorkloadSpec case_spec(const BenchCase& c, uint64_t seed, int64_t index_sets) {
   WorkloadSpec spec;
   spec.seq_lens = c.seq_lens;
@@ -78,8 +109,14 @@ WorkloadSpec case_spec(const BenchCase& c, uint64_t seed, int64_t index_sets) {
   if (c.is_decode()) {
     spec.batch_form = true;
     spec.state = c.decode.pool;
-    spec.pool.index_sets = index_sets;
     spec.pool.token_states = c.decode.verify;
+  }
+  if (c.uses_pool()) spec.pool.index_sets = index_sets;  // serving rows: bf16 states, packed as their base
+  spec.checkpoint_every = c.serving.checkpoint_every;
+  spec.gate = c.serving.gate;
+  if (spec.gate == Gate::kSoftplus) {  // Kimi-Linear-like parameters
+    spec.A_log_range = {-1.0f, 2.7f};
+    spec.dt_bias_range = {-8.0f, 8.0f};
   }
   return spec;
 }
@@ -92,10 +129,11 @@ double call_footprint(const WorkloadSpec& spec) {
   return bytes - static_cast<double>(shape_of(spec).N) * static_cast<double>(tensor_bytes(spec).slot);
 }
 
-// A decode case's index sets: --input-sets when given, else enough that one pass over them touches
+// A pool case's index sets: --input-sets when given, else enough that one pass over them touches
 // 3x the L2 (as the prefill rotation), and at least 2, so that no call finds its states in the L2
-// from the previous ones (D3: 3 on a 60 MB L2). Without a GPU (l2_bytes 0): 2.
-int64_t decode_index_sets(const BenchCase& c, double l2_bytes, int input_sets) {
+// from the previous ones (D3: 3 on a 60 MB L2; the serving rows: 2, a pool of 2N slots). Without a
+// GPU (l2_bytes 0): 2.
+int64_t pool_index_sets(const BenchCase& c, double l2_bytes, int input_sets) {
   if (input_sets > 0) return input_sets;
   const double per_call = call_footprint(case_spec(c, 0, 1));
   return static_cast<int64_t>(std::clamp(std::ceil(3.0 * l2_bytes / per_call), 2.0, 1024.0));
@@ -134,10 +172,10 @@ std::string short_sequences(const std::vector<int64_t>& seq_lens) {
 
 void print_header(bool gpu) {
   if (gpu)
-    std::printf("%-6s %-28s %4s %9s %9s %9s %7s %9s %8s %7s %9s %9s %s\n", "case", "seq_lens", "H", "median_ms",
+    std::printf("%-11s %-28s %4s %9s %9s %9s %7s %9s %8s %7s %9s %9s %s\n", "case", "seq_lens", "H", "median_ms",
                 "min_ms", "max_ms", "TB/s", "floor_ms", "x_floor", "goal", "err_out", "err_state", "check");
   else
-    std::printf("%-6s %-28s %4s %9s %9s %9s %16s %9s %9s %s\n", "case", "seq_lens (scaled)", "H", "median_ms",
+    std::printf("%-11s %-28s %4s %9s %9s %9s %16s %9s %9s %s\n", "case", "seq_lens (scaled)", "H", "median_ms",
                 "min_ms", "max_ms", "token-heads/s", "err_out", "err_state", "check");
 }
 
@@ -146,14 +184,14 @@ void print_row(const CaseResult& r, bool gpu) {
   const std::string err_out = r.check.heads.empty() ? "-" : fmt("%.2e", r.check.out_rel);
   const std::string err_state = r.check.heads.empty() || !r.check.has_final_state ? "-" : fmt("%.2e", r.check.final_state_rel);
   if (gpu)
-    std::printf("%-6s %-28s %4lld %9s %9s %9s %7s %9s %8s %7s %9s %9s %s\n", r.c.name.c_str(),
+    std::printf("%-11s %-28s %4lld %9s %9s %9s %7s %9s %8s %7s %9s %9s %s\n", r.c.name.c_str(),
                 short_sequences(r.c.seq_lens).c_str(), static_cast<long long>(r.c.heads),
                 fmt("%.4f", r.exec.ms.median).c_str(), fmt("%.4f", r.exec.ms.min).c_str(),
                 fmt("%.4f", r.exec.ms.max).c_str(), fmt("%.2f", r.tbps).c_str(), fmt("%.4f", r.floor_ms).c_str(),
                 fmt("%.2f", r.ratio_to_floor).c_str(), r.c.goal_ms > 0 ? fmt("%.2f", r.c.goal_ms).c_str() : "-",
                 err_out.c_str(), err_state.c_str(), check.c_str());
   else
-    std::printf("%-6s %-28s %4lld %9s %9s %9s %16s %9s %9s %s\n", r.c.name.c_str(),
+    std::printf("%-11s %-28s %4lld %9s %9s %9s %16s %9s %9s %s\n", r.c.name.c_str(),
                 short_sequences(r.c.seq_lens).c_str(), static_cast<long long>(r.c.heads),
                 fmt("%.3f", r.exec.ms.median).c_str(), fmt("%.3f", r.exec.ms.min).c_str(),
                 fmt("%.3f", r.exec.ms.max).c_str(), format_count(r.token_heads_per_s).c_str(), err_out.c_str(),
@@ -163,11 +201,14 @@ void print_row(const CaseResult& r, bool gpu) {
 }
 
 // What err_state compares with the oracle.
-const char* states_checked(const WorkloadSpec& spec) {
+std::string states_checked(const WorkloadSpec& spec) {
   if (!spec.pool.enabled()) return "final state";
   if (spec.pool.token_states)
     return "the first call's token states: the state after token t against the oracle's on the first t + 1 tokens";
-  return "the first call's written slots (the final states, in place)";
+  std::string text = "the first call's written slots (the final states, in place)";
+  if (spec.checkpoint_every > 0)
+    text += " and a middle and the last checkpoint of each sequence, against the oracle's final state on that prefix";
+  return text;
 }
 
 // A decode case's pool and goal.
@@ -187,12 +228,26 @@ Json decode_json(const CaseResult& r) {
   return d;
 }
 
+// A serving row's features (its shape and floor are those of the case it derives from).
+Json serving_json(const CaseResult& r) {
+  Json s;
+  s["pool"] = r.spec.pool.enabled();
+  s["checkpoints"] = shape_of(r.spec).checkpoints;
+  if (r.spec.checkpoint_every > 0) s["checkpoint_every"] = r.spec.checkpoint_every;
+  s["gate"] = r.spec.gate == Gate::kSoftplus ? "softplus" : "safe";
+  return s;
+}
+
 Json case_json(const CaseResult& r, bool gpu) {
   Json j;
   j["name"] = r.c.name;
   j["seq_lens"] = r.c.seq_lens;
   j["heads"] = r.c.heads;
   if (r.c.is_decode()) j["decode"] = decode_json(r);
+  if (r.c.is_serving()) {
+    j["derived_from"] = r.c.serving.derived_from;
+    j["serving"] = serving_json(r);
+  }
   if (!gpu) {
     j["original_seq_lens"] = r.original_seq_lens;
     j["original_heads"] = r.original_heads;
@@ -227,6 +282,10 @@ Json case_json(const CaseResult& r, bool gpu) {
   } else {
     oracle["out_rel"] = r.check.out_rel;
     oracle["final_state_rel"] = r.check.final_state_rel;
+    if (!r.check.checkpoint_columns.empty()) {
+      oracle["checkpoints_checked"] = r.check.checkpoint_columns;
+      oracle["checkpoint_rel"] = r.check.checkpoint_rel;
+    }
     oracle["bar"] = kErrorBar;
   }
   oracle["pass"] = r.check.pass();
@@ -237,6 +296,14 @@ Json case_json(const CaseResult& r, bool gpu) {
 
 // The states of a case, for --list.
 std::string case_states(const BenchCase& c) {
+  if (c.is_serving()) {
+    const ServingCase& s = c.serving;
+    std::string text = std::string("as ") + s.derived_from;
+    if (s.pool) text += ", bf16 pool of 2N slots, in place";
+    if (s.checkpoint_every) text += ", fp32 checkpoints every " + std::to_string(s.checkpoint_every) + " tokens";
+    if (s.gate == Gate::kSoftplus) text += ", softplus gate";
+    return text + "; serving row, only with --case";
+  }
   if (!c.is_decode()) return "bf16 in and out";
   return std::string(state_kind_name(c.decode.pool)) + " pool" +
          (c.decode.verify ? ", every draft token's state to its own slot" : ", in place") + "; goal " +
@@ -271,7 +338,7 @@ CaseResult run_case(const BenchCase& original, const RunContext& ctx, int index,
   r.c = ctx.scaled ? scaled_for_cpu(original, ctx.cpu_divisor, ctx.cpu_max_heads) : original;
   r.original_seq_lens = original.seq_lens;
   r.original_heads = original.heads;
-  const int64_t index_sets = r.c.is_decode() ? decode_index_sets(r.c, ctx.l2_bytes, ctx.input_sets) : 0;
+  const int64_t index_sets = r.c.uses_pool() ? pool_index_sets(r.c, ctx.l2_bytes, ctx.input_sets) : 0;
   r.spec = case_spec(r.c, ctx.seed + static_cast<uint64_t>(index), index_sets);
   const WorkloadSpec& spec = r.spec;
   const Shape shape = shape_of(spec);
@@ -296,7 +363,8 @@ CaseResult run_case(const BenchCase& original, const RunContext& ctx, int index,
       std::cerr << "[" << settings.label << "] fp64 oracle on " << heads.size() << " head(s)" << std::endl;
     set_activity("checking against the fp64 oracle");
     r.check = check_against_oracle(inputs, r.exec.out.data(),
-                                   r.exec.final_state.empty() ? nullptr : r.exec.final_state.data(), heads);
+                                   r.exec.final_state.empty() ? nullptr : r.exec.final_state.data(), heads,
+                                   r.exec.checkpoint_state.empty() ? nullptr : r.exec.checkpoint_state.data());
     rate(r, ctx);
   } catch (const Error& e) {
     r.error = e.what();
@@ -308,6 +376,7 @@ CaseResult run_case(const BenchCase& original, const RunContext& ctx, int index,
   set_activity("");
   r.exec.out = {};  // the outputs are not needed any more
   r.exec.final_state = {};
+  r.exec.checkpoint_state = {};
   return r;
 }
 
@@ -339,6 +408,22 @@ Json decode_method_json() {
   return d;
 }
 
+// The method block of the serving rows (docs/benchmark.md, "Serving rows").
+Json serving_method_json() {
+  Json s;
+  s["shapes"] = "those of the case each derives from (derived_from): the same seq_lens, heads, packed int64 "
+                "cu_seqlens, bf16 states, floor formula";
+  s["pool"] = "P1-pool, P3-pool, P1-ckpt: the bf16 states in one pool [2N, H, 128, 128] (two index sets of N "
+              "shuffled slots, int32 state_indices), updated in place; validated once, timed with "
+              "SeqlenCheck::kDeviceGuardsOnly; out and the written slots checked against the oracle";
+  s["checkpoints"] = "P1-ckpt: checkpoint_offsets [N, C] int32 every 1024 tokens, checkpoint_state [N, C, H, 128, "
+                     "128] fp32; the floor adds N*C*H*128*128*4; a middle and the last checkpoint checked against "
+                     "the oracle's final state on that prefix";
+  s["softplus"] = "P1-softplus, P7-softplus: gate softplus, A_log ~ U(-1, 2.7), dt_bias ~ U(-8, 8)";
+  s["goal"] = "median within 10% of the median of the case it derives from, in the same run";
+  return s;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv, int first) {
@@ -356,7 +441,8 @@ int bench_command(int argc, char** argv, int first) {
                     "inputs, bf16 initial and final state, safe gate with lower_bound -5, packed int64 cu_seqlens,\n"
                     "random inputs), the decode cases D1-D4 (32 heads, [N, T] rows, states in an fp32 or bf16\n"
                     "pool updated in place through int32 indices; D4 writes every draft token's state to its own\n"
-                    "slot), or a custom shape. Prints a table and writes JSON.\n"
+                    "slot), the serving rows (P1 or P3 from a bf16 state pool, P1 with fp32 checkpoints, P1 or P7\n"
+                    "with the softplus gate; only with --case), or a custom shape. Prints a table and writes JSON.\n"
                     "\n"
                     "GPU method: inputs rotate among enough device copies that one pass exceeds 3x the L2 (decode:\n"
                     "one pool, disjoint index sets of slots); outputs are poisoned (0xFF) before the timed calls\n"
@@ -366,15 +452,18 @@ int bench_command(int argc, char** argv, int first) {
                     "Without a usable GPU (or with --backend cpu) the CPU backend runs scaled-down shapes\n"
                     "(sequence lengths, or decode requests, / 16, heads capped at 8) and reports token-heads per\n"
                     "second.");
-  parser.add("--case", "P1,D1,...", "cases to run (default: all of P1-P11 and D1-D4)", [&](const std::string& v) {
-    for (const std::string& name : split(v, ',')) {
-      bool known = false;
-      for (const BenchCase& c : bench_cases()) known |= c.name == name;
-      if (!known)
-        throw UsageError("--case: expected case names P1..P11 or D1..D4 (comma-separated), got '" + name + "'");
-      case_names.push_back(name);
-    }
-  });
+  parser.add("--case", "P1,D1,...",
+             "cases to run (default: all of P1-P11 and D1-D4); 'serving': the serving rows\n"
+             "P1-pool, P3-pool, P1-ckpt, P1-softplus, P7-softplus, which run only when named",
+             [&](const std::string& v) {
+               for (const std::string& name : split(v, ',')) {
+                 const std::vector<std::string> names = expand_case_name(name);
+                 if (names.empty())
+                   throw UsageError("--case: expected case names P1..P11 or D1..D4, serving rows (P1-pool, ...) "
+                                    "or 'serving' (comma-separated), got '" + name + "'");
+                 case_names.insert(case_names.end(), names.begin(), names.end());
+               }
+             });
   parser.add_switch("--list", "list the cases and exit", [&] { list = true; });
   add_shape_flags(parser, flags);
   parser.add("--json", "PATH", "where the JSON results go (default bench-results.json)",
@@ -391,7 +480,7 @@ int bench_command(int argc, char** argv, int first) {
   parser.add("--oracle-heads", "N", "heads per case checked against the fp64 oracle (default 2; 0 skips)",
              [&](const std::string& v) { oracle_heads = static_cast<int>(parse_int("--oracle-heads", v, 0, 4096)); });
   parser.add("--input-sets", "N",
-             "GPU: device copies of the inputs to rotate, or a decode case's index sets\n"
+             "GPU: device copies of the inputs to rotate, or a pool case's index sets\n"
              "(default: enough for 3x the L2, at least 2)",
              [&](const std::string& v) { input_sets = static_cast<int>(parse_int("--input-sets", v, 1, 1024)); });
   parser.add("--cpu-divisor", "D", "CPU: divide each case's sequence lengths (decode: requests) by D (default 16)",
@@ -404,13 +493,14 @@ int bench_command(int argc, char** argv, int first) {
                     "  flashkda bench\n"
                     "  flashkda bench --case P7,P8 --json p7p8.json\n"
                     "  flashkda bench --case D1,D2,D3,D4\n"
+                    "  flashkda bench --case P1,P3,P7,serving\n"
                     "  flashkda bench --seqlens 4096,4096 --heads 32\n");
   if (!parser.parse(argc, argv, first)) return kExitOk;
 
   if (list) {
-    std::printf("%-5s %-36s %4s %s\n", "case", "seq_lens", "H", "states");
+    std::printf("%-11s %-36s %4s %s\n", "case", "seq_lens", "H", "states");
     for (const BenchCase& c : bench_cases())
-      std::printf("%-5s %-36s %4lld %s\n", c.name.c_str(), short_sequences(c.seq_lens).c_str(),
+      std::printf("%-11s %-36s %4lld %s\n", c.name.c_str(), short_sequences(c.seq_lens).c_str(),
                   static_cast<long long>(c.heads), case_states(c).c_str());
     return kExitOk;
   }
@@ -435,7 +525,8 @@ int bench_command(int argc, char** argv, int first) {
     cases.push_back({"custom", custom.seq_lens, custom.heads, 0});
   } else {
     for (const BenchCase& c : bench_cases())
-      if (case_names.empty() || std::find(case_names.begin(), case_names.end(), c.name) != case_names.end())
+      if (case_names.empty() ? !c.is_serving()
+                             : std::find(case_names.begin(), case_names.end(), c.name) != case_names.end())
         cases.push_back(c);
   }
   const bool scaled = !gpu && !flags.shape_given();
@@ -547,6 +638,8 @@ int bench_command(int argc, char** argv, int first) {
   method["floor_bytes"] = "T*H*128*2*5 + T*H*2 + N*H*128*128*2*2";
   if (std::any_of(cases.begin(), cases.end(), [](const BenchCase& c) { return c.is_decode(); }))
     method["decode"] = decode_method_json();
+  if (std::any_of(cases.begin(), cases.end(), [](const BenchCase& c) { return c.is_serving(); }))
+    method["serving"] = serving_method_json();
   method["seed"] = flags.seed;
   j["method"] = std::move(method);
   Json case_list = Json::array();

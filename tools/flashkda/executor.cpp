@@ -78,13 +78,16 @@ ExecResult execute_cpu_pool(const HostInputs& in, const ExecSettings& settings) 
   r.input_sets = static_cast<int>(sets);
   HostVector<unsigned char> pool;
   HostVector<uint16_t> out;
+  HostVector<float> checkpoints;
   resize_or_throw(pool, bytes.initial_state, "the working copy of the state pool");
   resize_or_throw(out, bytes.out / 2, "the output out");
+  resize_or_throw(checkpoints, bytes.checkpoint_state / 4, "the checkpoint states");
   std::vector<ForwardArgs> args;
   for (int64_t set = 0; set < sets; ++set) {
     TensorPointers p = host_input_pointers(in, set);
     p.initial_state = p.final_state = pool.data();  // in place
     p.out = out.data();
+    p.checkpoint_state = checkpoints.data();
     args.push_back(make_forward_args(in.spec, p));
   }
   r.workspace_bytes = forward_workspace_size(args[0]);
@@ -93,11 +96,13 @@ ExecResult execute_cpu_pool(const HostInputs& in, const ExecSettings& settings) 
   std::copy(in.initial_state.begin(), in.initial_state.end(), pool.begin());
   forward(args[0], nullptr, 0);
   r.out = out;
+  r.checkpoint_state = checkpoints;
   r.final_state = gather_slots(pool.data(), in.written_slots(0), bytes.slot);
   for (int i = 0; i < settings.warmup; ++i) forward(args[(i + 1) % sets], nullptr, 0);
 
   std::copy(in.initial_state.begin(), in.initial_state.end(), pool.begin());
   std::memset(out.data(), 0xFF, bytes.out);
+  std::memset(checkpoints.data(), 0xFF, bytes.checkpoint_state);
   if (in.spec.pool.token_states)
     for (int64_t set = 0; set < sets; ++set)
       for (int32_t slot : in.written_slots(set)) std::memset(pool.data() + slot * bytes.slot, 0xFF, bytes.slot);
@@ -106,6 +111,7 @@ ExecResult execute_cpu_pool(const HostInputs& in, const ExecSettings& settings) 
   r.ms = time_cpu_calls(args, settings.iters, r.samples_ms);
   r.sets_checked = static_cast<int>(std::min<int64_t>(sets, settings.iters));
   r.unwritten_out = count_poisoned(out.data(), bytes.out, DType::kBF16);
+  r.unwritten_checkpoints = count_poisoned(checkpoints.data(), bytes.checkpoint_state, DType::kF32);
   for (int set = 0; set < r.sets_checked; ++set)
     r.unwritten_final_state += unwritten_states(in, set, gather_slots(pool.data(), in.written_slots(set), bytes.slot));
   return r;
@@ -113,8 +119,9 @@ ExecResult execute_cpu_pool(const HostInputs& in, const ExecSettings& settings) 
 
 // Byte offsets of each tensor inside one device allocation holding a whole input set.
 struct SetLayout {
-  size_t q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, token_state_indices, inputs_total;
-  size_t out, final_state, outputs_total;
+  size_t q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, token_state_indices,
+      checkpoint_offsets, inputs_total;
+  size_t out, final_state, checkpoint_state, outputs_total;
 };
 
 SetLayout layout_of(const TensorBytes& b) {
@@ -129,9 +136,10 @@ SetLayout layout_of(const TensorBytes& b) {
   l.beta = place(c, b.beta), l.A_log = place(c, b.A_log), l.dt_bias = place(c, b.dt_bias);
   l.initial_state = place(c, b.initial_state), l.cu_seqlens = place(c, b.cu_seqlens);
   l.state_indices = place(c, b.state_indices), l.token_state_indices = place(c, b.token_state_indices);
+  l.checkpoint_offsets = place(c, b.checkpoint_offsets);
   l.inputs_total = std::max<size_t>(c, 256);
   c = 0;
-  l.out = place(c, b.out), l.final_state = place(c, b.final_state);
+  l.out = place(c, b.out), l.final_state = place(c, b.final_state), l.checkpoint_state = place(c, b.checkpoint_state);
   l.outputs_total = std::max<size_t>(c, 256);
   return l;
 }
@@ -166,8 +174,10 @@ DeviceSet upload_set(const HostInputs& in, int64_t set, const TensorBytes& b, co
   p.cu_seqlens = upload_optional(l.cu_seqlens, host.cu_seqlens, b.cu_seqlens);
   p.state_indices = upload_optional(l.state_indices, host.state_indices, b.state_indices);
   p.token_state_indices = upload_optional(l.token_state_indices, host.token_state_indices, b.token_state_indices);
+  p.checkpoint_offsets = upload_optional(l.checkpoint_offsets, host.checkpoint_offsets, b.checkpoint_offsets);
   p.out = d.outputs.bytes_at(l.out);
   p.final_state = b.final_state ? d.outputs.bytes_at(l.final_state) : nullptr;
+  p.checkpoint_state = b.checkpoint_state ? d.outputs.bytes_at(l.checkpoint_state) : nullptr;
   if (pool) p.initial_state = p.final_state = pool;
   d.args = make_forward_args(in.spec, p);
   return d;
@@ -310,6 +320,8 @@ ExecResult execute_cuda_pool(const HostInputs& in, const ExecSettings& settings)
   stream.synchronize();
   resize_or_throw(r.out, bytes.out / 2, "the output out kept for the oracle check");
   copy_to_host(r.out.data(), device[0].outputs.bytes_at(layout.out), bytes.out);
+  resize_or_throw(r.checkpoint_state, bytes.checkpoint_state / 4, "the checkpoints kept for the oracle check");
+  copy_to_host(r.checkpoint_state.data(), device[0].outputs.bytes_at(layout.checkpoint_state), bytes.checkpoint_state);
   r.final_state = copy_slots_to_host(pool, in.written_slots(0), bytes.slot);
   for (int i = 0; i < settings.warmup; ++i) call_unchecked(device, i + 1, workspace, stream);
   stream.synchronize();
@@ -326,10 +338,14 @@ ExecResult execute_cuda_pool(const HostInputs& in, const ExecSettings& settings)
 
   r.sets_checked = std::min(sets, settings.iters);
   HostVector<uint16_t> out;
+  HostVector<float> checkpoints;
   resize_or_throw(out, bytes.out / 2, "the host copy of out");
+  resize_or_throw(checkpoints, bytes.checkpoint_state / 4, "the host copy of the checkpoints");
   for (int i = 0; i < r.sets_checked; ++i) {
     copy_to_host(out.data(), device[i].outputs.bytes_at(layout.out), bytes.out);
+    copy_to_host(checkpoints.data(), device[i].outputs.bytes_at(layout.checkpoint_state), bytes.checkpoint_state);
     r.unwritten_out += count_poisoned(out.data(), bytes.out, DType::kBF16);
+    r.unwritten_checkpoints += count_poisoned(checkpoints.data(), bytes.checkpoint_state, DType::kF32);
     r.unwritten_final_state += unwritten_states(in, i, copy_slots_to_host(pool, in.written_slots(i), bytes.slot));
   }
   return r;

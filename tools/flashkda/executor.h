@@ -12,7 +12,9 @@
 // slots it wrote are kept. Before the timed calls the pool is restored as generated, out and the
 // token-state slots (written, never read) are poisoned; afterwards out and the token slots must
 // hold no poison, and every (slot, head) state written in place must differ from its value
-// before the timed calls.
+// before the timed calls. Prefix checkpoints (with a pool) are outputs like out: each index set
+// has its own, poisoned before the timed calls and checked written after; the first call's are
+// kept for the oracle check.
 #pragma once
 
 #include <cstdint>
@@ -40,12 +42,16 @@ struct ExecResult {
   int sets_checked = 1;             // input sets whose outputs were checked for poison
   int64_t unwritten_out = 0;        // output elements still holding the poison after the timed runs
   int64_t unwritten_final_state = 0;
+  int64_t unwritten_checkpoints = 0;
   size_t workspace_bytes = 0;
   HostVector<uint16_t> out;                  // the first input set's out, on the host
   HostVector<unsigned char> final_state;     // and its final state (empty without one); with a
                                              // pool, the states the first call wrote, packed in
                                              // the order of HostInputs::written_slots(0)
-  bool outputs_written() const { return unwritten_out == 0 && unwritten_final_state == 0; }
+  HostVector<float> checkpoint_state;        // the first call's checkpoints [N, C, H, V, K] (empty without)
+  bool outputs_written() const {
+    return unwritten_out == 0 && unwritten_final_state == 0 && unwritten_checkpoints == 0;
+  }
 };
 
 ExecResult execute(const HostInputs& in, const ExecSettings& settings);

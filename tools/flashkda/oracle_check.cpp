@@ -79,6 +79,22 @@ Problem slice_problem(const HostInputs& in, const HeadSlice& x, int64_t hs, int6
   return p;
 }
 
+// The oracle's problem on the first `tokens` tokens of sequence n alone, one row from its initial
+// state (the slice's), starting at token row `start`.
+Problem prefix_problem(const HostInputs& in, const HeadSlice& x, int64_t hs, int64_t n, int64_t start,
+                       int64_t tokens) {
+  const Shape& s = in.shape;
+  Problem p = slice_problem(in, x, hs, s.T);
+  p.B = p.N = 1;
+  p.T = p.total_tokens = tokens;
+  p.cu_seqlens = nullptr;
+  p.q += start * hs * s.K, p.k += start * hs * s.K, p.g += start * hs * s.K;
+  p.v += start * hs * s.V, p.beta += start * hs;
+  if (p.initial_state)
+    p.initial_state = x.initial_state.data() + n * hs * s.V * s.K * dtype_size(s.state_dtype);
+  return p;
+}
+
 // Sums of squares of rel = ||x - ref|| / ||ref||.
 struct RelError {
   double diff = 0, norm = 0;
@@ -99,13 +115,45 @@ double relative(double diff, double ref) {
   return std::sqrt(diff / ref);
 }
 
+// The checkpoints checked: a middle one and the last.
+std::vector<int64_t> checkpoint_columns(int64_t C) {
+  if (C <= 0) return {};
+  if (C == 1) return {0};
+  return {(C - 1) / 2, C - 1};
+}
+
+// Checkpoint c of every sequence (that has one) against the oracle's final state on its first
+// checkpoint_offsets[n, c] tokens; adds to `all` (err_state) and `alone`.
+void check_checkpoints(const HostInputs& in, const HeadSlice& x, const std::vector<int64_t>& heads,
+                       const float* checkpoint_state, const std::vector<int64_t>& columns, RelError& all,
+                       RelError& alone) {
+  const Shape& s = in.shape;
+  const int64_t hs = static_cast<int64_t>(heads.size()), C = s.checkpoints, per_head = s.V * s.K;
+  std::vector<double> ref_out, ref_state(hs * per_head);
+  int64_t start = 0;  // the sequence's first token row
+  for (int64_t n = 0; n < s.N; start += in.spec.seq_lens[n], ++n)
+    for (int64_t c : columns) {
+      const int64_t tokens = in.checkpoint_offsets[n * C + c];
+      if (tokens < 0) continue;  // unused entry
+      resize_or_throw(ref_out, tokens * hs * s.V, "the fp64 oracle's out on a checkpoint's prefix");
+      oracle_forward(prefix_problem(in, x, hs, n, start, tokens), ref_out.data(), ref_state.data());
+      for (int64_t j = 0; j < hs; ++j)
+        for (int64_t i = 0; i < per_head; ++i) {
+          const double got = checkpoint_state[((n * C + c) * s.H + heads[j]) * per_head + i];
+          all.add(got, ref_state[j * per_head + i]);
+          alone.add(got, ref_state[j * per_head + i]);
+        }
+    }
+}
+
 }  // namespace
 
 bool OracleCheck::pass() const {
   if (heads.empty()) return true;
   const bool out_ok = out_rel <= kErrorBar;  // false for NaN
   const bool state_ok = !has_final_state || final_state_rel <= kErrorBar;
-  return out_ok && state_ok;
+  const bool checkpoints_ok = checkpoint_columns.empty() || checkpoint_rel <= kErrorBar;
+  return out_ok && state_ok && checkpoints_ok;
 }
 
 std::vector<int64_t> pick_heads(int64_t H, int64_t count) {
@@ -118,10 +166,10 @@ std::vector<int64_t> pick_heads(int64_t H, int64_t count) {
 }
 
 OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, const void* final_state,
-                                 const std::vector<int64_t>& heads) {
+                                 const std::vector<int64_t>& heads, const float* checkpoint_state) {
   OracleCheck result;
   result.heads = heads;
-  result.has_final_state = final_state != nullptr;
+  result.has_final_state = final_state != nullptr || checkpoint_state != nullptr;
   if (heads.empty()) return result;
   const auto start = std::chrono::steady_clock::now();
 
@@ -149,13 +197,19 @@ OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, cons
             state_err.add(state_value(final_state, s.state_dtype, ((n * W + w) * s.H + heads[j]) * per_head + i),
                           ref_state[(n * hs + j) * per_head + i]);
   }
+  RelError checkpoint_err;
+  if (checkpoint_state) {
+    result.checkpoint_columns = checkpoint_columns(s.checkpoints);
+    check_checkpoints(in, x, heads, checkpoint_state, result.checkpoint_columns, state_err, checkpoint_err);
+    result.checkpoint_rel = relative(checkpoint_err.diff, checkpoint_err.norm);
+  }
   // The last run covered every token.
   for (int64_t t = 0; t < s.total_tokens; ++t)
     for (int64_t j = 0; j < hs; ++j)
       for (int64_t c = 0; c < s.V; ++c)
         out_err.add(bf16_to_float(out[(t * s.H + heads[j]) * s.V + c]), ref_out[(t * hs + j) * s.V + c]);
   result.out_rel = relative(out_err.diff, out_err.norm);
-  result.final_state_rel = final_state ? relative(state_err.diff, state_err.norm) : 0.0;
+  result.final_state_rel = result.has_final_state ? relative(state_err.diff, state_err.norm) : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

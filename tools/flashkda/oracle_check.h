@@ -14,8 +14,10 @@ constexpr double kErrorBar = 3e-3;  // the bar of docs/contract.md on out and fi
 struct OracleCheck {
   std::vector<int64_t> heads;     // the heads checked (empty: check skipped)
   double out_rel = 0.0;           // NaN when the output holds NaN/Inf
-  double final_state_rel = 0.0;   // meaningful when has_final_state
+  double final_state_rel = 0.0;   // meaningful when has_final_state (checkpoints included)
   bool has_final_state = false;
+  std::vector<int64_t> checkpoint_columns;  // the checkpoints c checked (empty: none)
+  double checkpoint_rel = 0.0;              // those checkpoints alone
   double seconds = 0.0;           // oracle time
   bool pass() const;              // both errors <= kErrorBar (NaN never passes)
 };
@@ -28,8 +30,10 @@ std::vector<int64_t> pick_heads(int64_t H, int64_t count);
 // pool: the call on the first index set from the pool as generated; final_state holds the states
 // it wrote, [N, W, H, V, K] (W = 1, or T with token states: the state after token t is checked
 // against the oracle's final state on the first t + 1 tokens, all T of them in final_state_rel).
+// checkpoint_state: the backend's fp32 [N, C, H, V, K] checkpoints, or nullptr; a middle one and
+// the last are checked, each against the oracle's final state on that prefix of every sequence.
 OracleCheck check_against_oracle(const HostInputs& in, const uint16_t* out, const void* final_state,
-                                 const std::vector<int64_t>& heads);
+                                 const std::vector<int64_t>& heads, const float* checkpoint_state = nullptr);
 
 // Elements still holding the 0xFF poison pattern (NaN) written before the timed runs.
 int64_t count_poisoned(const void* data, size_t bytes, DType dtype);

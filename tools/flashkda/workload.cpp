@@ -50,8 +50,9 @@ void fill_normal_bf16(HostVector<uint16_t>& x, uint64_t key) {
               [data](int64_t i, double z) { data[i] = float_to_bf16(static_cast<float>(z)); });
 }
 
-void fill_uniform_f32(HostVector<float>& x, uint64_t key) {
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(uniform_open01(key, i));
+void fill_uniform_f32(HostVector<float>& x, uint64_t key, UniformRange range) {
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(range.lo + (static_cast<double>(range.hi) - range.lo) * uniform_open01(key, i));
 }
 
 enum TensorId : uint64_t { kQ, kK, kV, kG, kBeta, kALog, kDtBias, kState, kSlots };
@@ -81,6 +82,16 @@ void make_index_sets(HostInputs& in, uint64_t key) {
     in.state_indices[i].assign(first, first + s.N);
     if (in.spec.pool.token_states) in.token_state_indices[i].assign(first + s.N, first + s.slots_per_set);
   }
+}
+
+// checkpoint_offsets [N, C]: every `every` tokens of each sequence, -1 past its length.
+void make_checkpoint_offsets(HostInputs& in) {
+  const Shape& s = in.shape;
+  const int64_t every = in.spec.checkpoint_every;
+  in.checkpoint_offsets.assign(static_cast<size_t>(s.N * s.checkpoints), -1);
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t c = 0; c < in.spec.seq_lens[n] / every; ++c)
+      in.checkpoint_offsets[n * s.checkpoints + c] = static_cast<int32_t>((c + 1) * every);
 }
 
 }  // namespace
@@ -115,6 +126,8 @@ Shape shape_of(const WorkloadSpec& spec) {
     s.slots_per_set = s.N * (spec.pool.token_states ? s.T + 1 : 1);
     s.pool_slots = spec.pool.index_sets * s.slots_per_set;
   }
+  if (spec.checkpoint_every > 0)
+    for (int64_t L : spec.seq_lens) s.checkpoints = std::max(s.checkpoints, L / spec.checkpoint_every);
   return s;
 }
 
@@ -138,6 +151,8 @@ TensorBytes tensor_bytes(const WorkloadSpec& spec) {
     b.state_indices = static_cast<size_t>(s.N) * 4;
     b.token_state_indices = spec.pool.token_states ? static_cast<size_t>(s.N) * s.T * 4 : 0;
   }
+  b.checkpoint_offsets = static_cast<size_t>(s.N) * s.checkpoints * 4;
+  b.checkpoint_state = static_cast<size_t>(s.N) * s.checkpoints * s.H * s.V * s.K * 4;
   return b;
 }
 
@@ -174,10 +189,11 @@ HostMemory host_memory_needed(const WorkloadSpec& spec, int64_t oracle_heads, bo
   const double pool_bytes =
       pool.enabled() ? static_cast<double>(pool.index_sets) * per_set * H * V * K * state_elem : 0;
   const double written = pool.token_states ? T * H * V * K * state_elem : state;
+  const double checkpoints = static_cast<double>(shape_of(spec).checkpoints) * N * H * V * K * 4;  // fp32
   HostMemory m;
   m.inputs = T * H * (3 * K + V) * 2 + T * H * 2 + H * 4 + H * K * 4 +
              (spec.state == StateKind::kNone ? 0 : pool.enabled() ? pool_bytes : state) + (N + 1) * 8;
-  m.outputs = T * H * V * 2 + (spec.final_state ? written : 0) + (pool.enabled() && !gpu ? pool_bytes : 0);
+  m.outputs = T * H * V * 2 + (spec.final_state ? written : 0) + (pool.enabled() && !gpu ? pool_bytes : 0) + checkpoints;
   m.staging = gpu ? m.outputs : 0;
   const double hs = static_cast<double>(std::clamp<int64_t>(oracle_heads, 0, spec.heads));
   if (hs > 0) {
@@ -241,11 +257,12 @@ std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads
 
 double floor_bytes(const WorkloadSpec& spec) {
   const TensorBytes b = tensor_bytes(spec);
-  const double activations = static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.out);
-  if (!spec.pool.enabled()) return activations + static_cast<double>(b.initial_state + b.final_state);
+  // The activations read, out and the checkpoints written, each once.
+  const double once = static_cast<double>(b.q + b.k + b.v + b.g + b.beta + b.out + b.checkpoint_state);
+  if (!spec.pool.enabled()) return once + static_cast<double>(b.initial_state + b.final_state);
   // Each start state read once; written back once in place, or once per token with token states.
   const Shape s = shape_of(spec);
-  return activations + static_cast<double>(s.N) * static_cast<double>(b.slot) * (1.0 + s.written_per_sequence);
+  return once + static_cast<double>(s.N) * static_cast<double>(b.slot) * (1.0 + s.written_per_sequence);
 }
 
 HostInputs make_host_inputs(const WorkloadSpec& spec) {
@@ -270,8 +287,8 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
   fill_normal_bf16(in.v, stream_key(spec.seed, kV));
   fill_normal_bf16(in.g, stream_key(spec.seed, kG));
   fill_normal_bf16(in.beta, stream_key(spec.seed, kBeta));
-  fill_uniform_f32(in.A_log, stream_key(spec.seed, kALog));
-  fill_uniform_f32(in.dt_bias, stream_key(spec.seed, kDtBias));
+  fill_uniform_f32(in.A_log, stream_key(spec.seed, kALog), spec.A_log_range);
+  fill_uniform_f32(in.dt_bias, stream_key(spec.seed, kDtBias), spec.dt_bias_range);
 
   if (spec.state != StateKind::kNone) {
     const int64_t states = spec.pool.enabled() ? s.pool_slots : s.N;
@@ -304,6 +321,7 @@ HostInputs make_host_inputs(const WorkloadSpec& spec) {
     }
   }
   if (spec.pool.enabled()) make_index_sets(in, stream_key(spec.seed, kSlots));
+  if (s.checkpoints > 0) make_checkpoint_offsets(in);
   return in;
 }
 
@@ -336,6 +354,7 @@ TensorPointers host_input_pointers(const HostInputs& in, int64_t set) {
     p.state_indices = in.state_indices[set].data();
     p.token_state_indices = in.spec.pool.token_states ? in.token_state_indices[set].data() : nullptr;
   }
+  p.checkpoint_offsets = in.checkpoint_offsets.empty() ? nullptr : in.checkpoint_offsets.data();
   return p;
 }
 
@@ -359,6 +378,10 @@ ForwardArgs make_forward_args(const WorkloadSpec& spec, const TensorPointers& p)
   if (spec.pool.enabled()) {
     a.state_indices = make_tensor(p.state_indices, DType::kI32, s.N);
     if (spec.pool.token_states) a.token_state_indices = make_tensor(p.token_state_indices, DType::kI32, s.N, s.T);
+  }
+  if (s.checkpoints > 0) {
+    a.checkpoint_offsets = make_tensor(p.checkpoint_offsets, DType::kI32, s.N, s.checkpoints);
+    a.checkpoint_state = make_tensor(p.checkpoint_state, DType::kF32, s.N, s.checkpoints, s.H, s.V, s.K);
   }
   a.lower_bound = spec.lower_bound;
   a.scale = spec.scale;

@@ -58,9 +58,9 @@ void resize_or_throw(Vec& v, size_t n, const std::string& what) {
 enum class StateKind { kNone, kBF16, kF32 };
 const char* state_kind_name(StateKind s);
 
-// Decode from a state pool (docs/benchmark.md's D cases): the states live in one pool of slots,
-// read and written through int32 indices. The pool holds `index_sets` disjoint sets of slots, one
-// per step of the rotation (call i uses set i % index_sets), each naming the N start slots and,
+// A state pool (docs/benchmark.md's D cases and pool serving rows): the states live in one pool
+// of slots, read and written through int32 indices. The pool holds `index_sets` disjoint sets of
+// slots, one per step of the rotation (call i uses set i % index_sets), each naming the N start slots and,
 // for speculative verify, N x T more, one per draft token; the slots are shuffled over the pool.
 // Without token states the states are updated in place (initial_state == final_state == the
 // pool); with them the start slots are only read and the state after token t of sequence n goes
@@ -69,6 +69,11 @@ struct PoolSpec {
   int64_t index_sets = 0;     // 0: no pool, states [N, H, V, K]
   bool token_states = false;  // speculative verify
   bool enabled() const { return index_sets > 0; }
+};
+
+// The range of a uniform random parameter, U(lo, hi).
+struct UniformRange {
+  float lo = 0.0f, hi = 1.0f;
 };
 
 struct WorkloadSpec {
@@ -82,7 +87,11 @@ struct WorkloadSpec {
   bool final_state = true;             // final state written (dtype: the initial state's, bf16 without one)
   DType cu_seqlens_dtype = DType::kI64;
   uint64_t seed = 0;
-  PoolSpec pool;  // with a pool: batch_form, an initial state and final_state are required
+  PoolSpec pool;  // with a pool: an initial state and final_state are required (token states: batch_form too)
+  UniformRange A_log_range, dt_bias_range;  // A_log ~ U(A_log_range), dt_bias ~ U(dt_bias_range)
+  // Prefix checkpoints (with a pool): the fp32 state after every `checkpoint_every` tokens of each
+  // sequence (a multiple of 16; 0: none), written to checkpoint_state [N, C, H, V, K].
+  int64_t checkpoint_every = 0;
 };
 
 // The tensor dimensions a spec gives.
@@ -94,6 +103,7 @@ struct Shape {
   int64_t pool_slots = 0;            // P with a pool (index_sets x slots_per_set), else 0
   int64_t slots_per_set = 0;         // N, or N x (T + 1) with token states
   int64_t written_per_sequence = 0;  // states one call writes per sequence: 1, or T with token states
+  int64_t checkpoints = 0;           // C: checkpoint columns (the most any sequence has), else 0
 };
 Shape shape_of(const WorkloadSpec& spec);
 
@@ -101,13 +111,14 @@ Shape shape_of(const WorkloadSpec& spec);
 // (the pool is updated in place), and the index arrays are those of one index set.
 struct TensorBytes {
   size_t q = 0, k = 0, v = 0, g = 0, beta = 0, A_log = 0, dt_bias = 0, initial_state = 0, cu_seqlens = 0;
-  size_t state_indices = 0, token_state_indices = 0;
-  size_t out = 0, final_state = 0;
+  size_t state_indices = 0, token_state_indices = 0, checkpoint_offsets = 0;
+  size_t out = 0, final_state = 0, checkpoint_state = 0;
   size_t slot = 0;  // one slot of the pool (H states), with a pool
   size_t inputs() const {
-    return q + k + v + g + beta + A_log + dt_bias + initial_state + cu_seqlens + state_indices + token_state_indices;
+    return q + k + v + g + beta + A_log + dt_bias + initial_state + cu_seqlens + state_indices + token_state_indices +
+           checkpoint_offsets;
   }
-  size_t outputs() const { return out + final_state; }
+  size_t outputs() const { return out + final_state + checkpoint_state; }
 };
 TensorBytes tensor_bytes(const WorkloadSpec& spec);
 
@@ -134,11 +145,13 @@ std::string host_memory_shortfall(const WorkloadSpec& spec, int64_t oracle_heads
 // beta and the initial state once, write out and the final state once. With bf16 states in and
 // out this is T*H*128*2*5 + T*H*2 + N*H*128*128*2*2. With a pool (s bytes per state element):
 // N*H*128*128*s*2 + N*T*H*(128*2*5 + 2), and with token states, which write one state per
-// token, N*H*128*128*s*(1 + T) + N*T*H*(128*2*5 + 2).
+// token, N*H*128*128*s*(1 + T) + N*T*H*(128*2*5 + 2). Checkpoints add the fp32 states they
+// write, N*C*H*128*128*4.
 double floor_bytes(const WorkloadSpec& spec);
 
-// Random host inputs: q, k, v, g ~ N(0,1), beta logit ~ N(0,1), A_log ~ U(0,1),
-// dt_bias ~ U(0,1), initial state ~ N(0,1). Deterministic in spec.seed, whatever the thread count.
+// Random host inputs: q, k, v, g ~ N(0,1), beta logit ~ N(0,1), A_log and dt_bias uniform in their
+// spec ranges (U(0,1) by default), initial state ~ N(0,1). Deterministic in spec.seed, whatever
+// the thread count.
 struct HostInputs {
   WorkloadSpec spec;
   Shape shape;
@@ -148,6 +161,9 @@ struct HostInputs {
   HostVector<unsigned char> cu_seqlens;     // int64 or int32, empty without it
   // With a pool, per index set: the start slots [N] and, with token states, the token slots [N, T].
   std::vector<HostVector<int32_t>> state_indices, token_state_indices;
+  // With checkpoints: [N, C], offsets checkpoint_every, 2 x checkpoint_every, ..., -1 (unused)
+  // past a sequence's length.
+  HostVector<int32_t> checkpoint_offsets;
 
   // The slots one call on index set `set` writes, in the order [n, t] (the start slots in place,
   // or the token slots); empty without a pool.
@@ -164,7 +180,9 @@ struct TensorPointers {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
   const void *A_log = nullptr, *dt_bias = nullptr, *initial_state = nullptr, *cu_seqlens = nullptr;
   const void *state_indices = nullptr, *token_state_indices = nullptr;  // with a pool
+  const void* checkpoint_offsets = nullptr;                              // with checkpoints
   void* out = nullptr;
+  void* checkpoint_state = nullptr;  // with checkpoints
   void* final_state = nullptr;  // with a pool: the pool, the initial state's buffer
 };
 // The host inputs; with a pool, index set `set`'s indices and the pool as given (not a copy).
