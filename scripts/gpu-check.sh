@@ -68,11 +68,13 @@ for step in $steps; do
       for bin in test_prefill_gpu test_decode_gpu test_serving_gpu; do
         run_step "tests $bin" "$OUT/gpu-tests.log" "${TESTS_LIMIT:-300}" "$TEST_DIR/$bin" ${TEST_ARGS:-}
       done
-      # The pool suite on the plan's own kernels (V-major pools: the chunked prefill), per-item and persistent.
-      run_step "tests pools, chunked" "$OUT/gpu-tests.log" 120 env FLASHKDA_CUDA_KERNELS=auto \
-        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*'
-      run_step "tests pools, persistent" "$OUT/gpu-tests.log" 120 env FLASHKDA_CUDA_KERNELS=auto FLASHKDA_PERSISTENT=1 \
-        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*'
+      # The pool and checkpoint suites on the plan's own kernels (V-major: the chunked prefill), per-item
+      # and persistent, one state-pass layout for every call (checkpoints vs prefix prefills bit for bit).
+      chunked_env="FLASHKDA_CUDA_KERNELS=auto FLASHKDA_STATE_CONFIG=8x1 FLASHKDA_SPLIT=0"
+      run_step "tests pools+checkpoints, chunked" "$OUT/gpu-tests.log" 120 env $chunked_env \
+        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*'
+      run_step "tests pools+checkpoints, persistent" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_PERSISTENT=1 \
+        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*'
 
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|\[gpu vs oracle\]|FAILED" "$OUT/gpu-tests.log" | tail -80 >>"$summary"
       ;;
@@ -84,8 +86,9 @@ for step in $steps; do
           "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.WithinTheBarOfTheOracleInBothLayouts:StridedInputs.WithPoolsAndCheckpoints'
-        run_step "sanitizer $tool (pools, chunked)" "$OUT/gpu-tests.log" 180 env FLASHKDA_CUDA_KERNELS=auto FLASHKDA_PERSISTENT=1 \
-          compute-sanitizer --tool "$tool" --error-exitcode 1 "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*'
+        run_step "sanitizer $tool (pools+checkpoints, chunked)" "$OUT/gpu-tests.log" 180 env FLASHKDA_CUDA_KERNELS=auto \
+          FLASHKDA_PERSISTENT=1 compute-sanitizer --tool "$tool" --error-exitcode 1 "$TEST_DIR/test_serving_gpu" \
+          --gtest_filter='StatePools.*:Checkpoints.*'
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/gpu-tests.log" | tee -a "$summary"
       ;;

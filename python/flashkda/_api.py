@@ -194,13 +194,14 @@ def forward(
             were. ``initial_state`` is required with it; ``output_final_state`` is then
             ignored: the pool is the output, returned as ``final_state``. Indices outside the
             pool, two sequences writing one slot, and a slot written by one sequence and read by
-            another are refused (``ValueError``). On CUDA tensors pools run on the recurrent
-            kernel (see the README for its speed); not for JAX arrays (immutable: ``TypeError``).
+            another are refused (``ValueError``). On CUDA tensors V-major pools run on the
+            chunked prefill; not for JAX arrays (immutable: ``TypeError``).
         final_state_indices: optional int64 or int32 ``[N]`` (needs ``state_indices``): the slot
             of the pool each sequence's final state goes to; negative: not written.
         state_layout: ``"vk"`` (default): states are V-major ``[.., V, K]``; ``"kv"``: K-major
             ``[.., K, V]`` (fla's recurrent layout), for the pool, ``initial_state`` and the
-            ``final_state`` allocated here alike. On CUDA ``"kv"`` runs on the recurrent kernel.
+            ``final_state`` allocated here alike. On CUDA ``"kv"`` runs on the recurrent kernel
+            (per-token speed for long prompts).
         checkpoint_offsets: optional int64 or int32 ``[N, C]``: prefix checkpoints. Entry
             ``[n, c] = t`` asks for the state of sequence ``n`` after its first ``t`` tokens, equal
             (bit for bit, on the same backend) to the final state of a prefill of those ``t``
@@ -208,8 +209,8 @@ def forward(
             sequence's length, non-decreasing along ``c`` (0 gives the initial state); a negative
             offset is an unused entry, not written. Bad offsets are refused (``ValueError``,
             naming ``checkpoint_offsets``). With it the call returns a third value, the
-            checkpoint states. On CUDA tensors checkpoints come from the recurrent kernel (bit
-            for bit a prefix prefill there; the chunked prefill does not write them yet).
+            checkpoint states. On CUDA tensors bit for bit where the prefix prefill takes the
+            same kernels and state-pass layout (docs/contract.md).
         checkpoint_state: optional float32 ``[N, C, H, V, K]`` (``[N, C, H, K, V]`` with
             ``state_layout="kv"``) the checkpoints are written into, in place, and returned as
             the third value (unused entries keep their values). Without it (and with
@@ -297,7 +298,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
     ``[N, C, H, V, K]`` (``[N, C, H, K, V]`` with ``state_layout="kv"``), both or neither:
     ``checkpoint_state[n, c]`` is written in place with the state of sequence ``n`` after its
     first ``checkpoint_offsets[n, c]`` tokens (multiples of 16, at most the sequence's length,
-    non-decreasing along ``c``; negative: unused, left as it was). On CUDA: the recurrent kernel.
+    non-decreasing along ``c``; negative: unused, left as it was).
     ``workspace``: a reusable device buffer (a torch uint8 tensor, or any contiguous writable
     array; its bytes count) used as the CUDA workspace instead of allocating one per call; one
     too small, on another device or not contiguous is refused (``ValueError`` naming

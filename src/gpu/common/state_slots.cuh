@@ -39,4 +39,19 @@ struct StateSlotTable {
   }
 };
 
+// Prefix checkpoints: entry [n, c] asks for sequence n's state after offsets[n, c] tokens (a
+// multiple of 16; negative: unused), written fp32 to states[n, c] in the state layout.
+struct CheckpointTable {
+  IndexView offsets;  // [N, count]
+  int64_t count = 0;  // C; 0: no checkpoints
+  float* states = nullptr;  // [N, C, H, 128, 128]
+
+  // Calls store(entry) for every entry of sequence n at `tokens` tokens, entry = n * C + c.
+  template <typename Store>
+  __device__ __forceinline__ void at(int64_t n, int64_t tokens, Store&& store) const {
+    for (int64_t c = 0; c < count; ++c)
+      if (offsets[n * count + c] == tokens) store(n * count + c);
+  }
+};
+
 }  // namespace flashkda::gpu

@@ -179,10 +179,9 @@ __device__ __forceinline__ float decay(float x, float exp_a_log, float lower_bou
 template <StateLayout L>
 __device__ __forceinline__ void write_checkpoints(const RecurrentParams& p, Tile& s, int64_t n, int h, int64_t tokens,
                                                   int v0, int kl) {
-  for (int64_t c = 0; c < p.checkpoints; ++c)
-    if (p.checkpoint_offsets[n * p.checkpoints + c] == tokens)
-      store_tile<L>(s, p.checkpoint_state + ((n * p.checkpoints + c) * p.num_heads + h) * int64_t{kStateElems}, false,
-                    v0, kl);
+  p.checkpoints.at(n, tokens, [&](int64_t entry) {
+    store_tile<L>(s, p.checkpoints.states + (entry * p.num_heads + h) * int64_t{kStateElems}, false, v0, kl);
+  });
 }
 
 // At most 128 registers (no spills): 4 blocks of 4 warps a multiprocessor. A decode step is
@@ -236,7 +235,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
   TokenPrep& prep = prep_of_warp[threadIdx.x / 32];
   const int64_t final_elem = p.final_bf16 ? 2 : 4;
   for (int64_t t = 0; t < len; ++t) {
-    if (p.checkpoints > 0 && t % 16 == 0) {
+    if (p.checkpoints.count > 0 && t % 16 == 0) {
       widen();
       write_checkpoints<L>(p, s, n, h, t, v0, kl);
     }
@@ -317,7 +316,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
     }
   }
   widen();  // a sequence without tokens
-  if (p.checkpoints > 0 && len % 16 == 0) write_checkpoints<L>(p, s, n, h, len, v0, kl);
+  if (p.checkpoints.count > 0 && len % 16 == 0) write_checkpoints<L>(p, s, n, h, len, v0, kl);
   if (p.final_state && final_slot >= 0)
     store_tile<L>(s, static_cast<char*>(p.final_state) + (final_slot * p.num_heads + h) * int64_t{kStateElems} * final_elem,
                   p.final_bf16, v0, kl);

@@ -39,9 +39,7 @@ struct RecurrentParams {
   IndexView token_indices;          // [N, token_columns]: the state after token t to slot [n, t]
                                     // (then no final state without slots.final)
   int64_t token_columns;
-  IndexView checkpoint_offsets;     // [N, checkpoints]: fp32 states after that many tokens
-  int64_t checkpoints;
-  float* checkpoint_state;          // [N, checkpoints, H, 128, 128] in `layout`
+  CheckpointTable checkpoints;      // in `layout`
   uint16_t* out;                    // [total, H, 128] bf16, dense
   bool out_aliases_input;           // out is the buffer of q, k, v or g (see recurrent_kernel.cu)
   float lower_bound, scale;

@@ -23,7 +23,6 @@ constexpr int64_t kDecodeTokensPerSequence = 8;
 const char* chunked_prefill_lacks(const Problem& p) {
   if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
-  if (p.checkpoint_offsets) return "checkpoint_offsets: the chunked prefill does not write prefix checkpoints yet";
   if (p.state_layout != StateLayout::kVK)
     return "state_layout: the chunked prefill does not implement the K-major state layout yet";
   for (const RowStrides* rows : {&p.q_rows, &p.k_rows, &p.v_rows, &p.g_rows, &p.beta_rows})
@@ -107,9 +106,7 @@ void recurrent_forward(const Problem& p, cudaStream_t stream) {
   r.slots = state_slot_table(p);
   r.token_indices = index_view(p.token_state_indices, p.token_state_indices_dtype);
   r.token_columns = p.token_state_columns;
-  r.checkpoint_offsets = index_view(p.checkpoint_offsets, p.checkpoint_offsets_dtype);
-  r.checkpoints = p.checkpoint_offsets ? p.checkpoints : 0;
-  r.checkpoint_state = p.checkpoint_state;
+  r.checkpoints = checkpoint_table(p);
   r.out = p.out;
   r.out_aliases_input = p.out == p.q || p.out == p.k || p.out == p.v || p.out == p.g;
   r.lower_bound = p.lower_bound;

@@ -9,4 +9,9 @@ StateSlotTable state_slot_table(const Problem& p) {
           index_view(p.final_state_indices, p.final_state_indices_dtype), p.initial_slots, p.final_slots};
 }
 
+CheckpointTable checkpoint_table(const Problem& p) {
+  if (!p.checkpoint_offsets) return {};
+  return {index_view(p.checkpoint_offsets, p.checkpoint_offsets_dtype), p.checkpoints, p.checkpoint_state};
+}
+
 }  // namespace flashkda::gpu

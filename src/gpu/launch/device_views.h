@@ -8,5 +8,6 @@ namespace flashkda::gpu {
 
 IndexView index_view(const void* data, DType dtype);  // int32 or int64; null stays absent
 StateSlotTable state_slot_table(const Problem& p);    // the state pools' slots (slot n without indices)
+CheckpointTable checkpoint_table(const Problem& p);   // count 0 without checkpoints
 
 }  // namespace flashkda::gpu

@@ -97,8 +97,9 @@ struct SplitChoice {
 int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((slots / blocks + 1) / 2); }
 
 SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
-  // The stitch writes the final state where the host says, and a pool's slot is device data.
-  if (p.N != 1 || p.state_indices) return {};
+  // The stitch writes the final state where the host says, and a pool's slot is device data;
+  // checkpoints are written by the chain that holds the state at their chunk boundary.
+  if (p.N != 1 || p.state_indices || p.checkpoint_offsets) return {};
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (forced == 0) return {};
   SplitChoice choice;
@@ -198,6 +199,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     p.final_state,
                     p.final_state_dtype == DType::kF32,
                     state_slot_table(p),
+                    checkpoint_table(p),
                     p.out};
   if (persistent) {  // the prep kernel above zeroed the counter
     state.item_counter = reinterpret_cast<unsigned long long*>(after_records);

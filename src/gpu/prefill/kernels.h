@@ -57,6 +57,7 @@ struct StateParams {
   void* final_state;           // [slots, H, 128, 128] or nullptr
   bool final_state_f32;
   StateSlotTable slots;        // each sequence's slots (n without pools; not split with pools)
+  CheckpointTable checkpoints; // fp32 V-major states at chunk boundaries (not split with them)
   uint16_t* out;               // [total, H, 128] bf16
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth

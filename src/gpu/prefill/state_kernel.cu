@@ -116,6 +116,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity(acc, vbase, col0, lane);
 
+  if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, n, h, H, 0, vbase, col0, lane);  // not split
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
@@ -130,6 +131,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+      if (p.checkpoints.count > 0 && chunk_count(c) == kChunk)  // offsets are multiples of 16
+        write_checkpoints(p.checkpoints, acc, n, h, H, int64_t{c + 1} * kChunk, vbase, col0, lane);
       if (++s == kStages) {
         s = 0;
         parity ^= 1;

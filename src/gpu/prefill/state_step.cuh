@@ -55,6 +55,16 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
   });
 }
 
+// This lane's part of the state after `tokens` tokens of sequence n into every checkpoint entry
+// asking for it (fp32, V-major [N, C, H, 128, 128]).
+template <int kTiles>
+__device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, const float (&acc)[kTiles][4], int64_t n,
+                                                  int h, int num_heads, int64_t tokens, int vbase, int col0, int lane) {
+  t.at(n, tokens, [&](int64_t entry) {
+    store_state(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
+  });
+}
+
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void slice_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
