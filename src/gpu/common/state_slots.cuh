@@ -46,6 +46,18 @@ struct CheckpointTable {
   int64_t count = 0;  // C; 0: no checkpoints
   float* states = nullptr;  // [N, C, H, 128, 128]
 
+  // The first boundary b of `chunk`-token chunks with c < b <= end that an entry of sequence n
+  // asks for (offset b * chunk), else end: a state pass runs chunks c .. b - 1 without a look at
+  // the table, then stores the state.
+  __device__ __forceinline__ int next_boundary(int64_t n, int c, int end, int chunk) const {
+    int stop = end;
+    for (int64_t e = 0; e < count; ++e) {
+      const int64_t b = offsets[n * count + e] / chunk;  // offsets are multiples of chunk; negative: unused
+      if (b > c && b < stop) stop = static_cast<int>(b);
+    }
+    return stop;
+  }
+
   // Calls store(entry) for every entry of sequence n at `tokens` tokens, entry = n * C + c.
   template <typename Store>
   __device__ __forceinline__ void at(int64_t n, int64_t tokens, Store&& store) const {
