@@ -149,8 +149,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     const int len = static_cast<int>(eos - bos);  // < 2^31 tokens
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
     if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
-    auto steps = [&](int from, int to) {  // chunks [from, to)
-      for (int c = from; c < to; ++c) {
+    const int chunks = (len + kChunk - 1) / kChunk;
+    for (int c = 0;;) {  // as in state_kernel.cu: checkpoints split the run, one copy of the chunk loop
+      const int stop = p.checkpoints.count > 0 ? p.checkpoints.next_boundary(j / H, c, chunks, kChunk) : chunks;
+      for (; c < stop; ++c) {
         ptx::mbarrier_wait_parity(&full[s], parity);
         const int left = len - c * kChunk;
         chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr),
@@ -162,17 +164,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
           parity ^= 1;
         }
       }
-    };
-    const int chunks = (len + kChunk - 1) / kChunk;
-    if (p.checkpoints.count == 0) {  // as in state_kernel.cu: no checkpoint code in the chunk loop
-      steps(0, chunks);
-    } else {
-      for (int c = 0; c < chunks;) {
-        const int stop = p.checkpoints.next_boundary(j / H, c, chunks, kChunk);
-        steps(c, stop);
-        c = stop;
-        write_checkpoints(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
-      }
+      if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
+      if (c >= chunks) break;
     }
     if (const int64_t f = p.slots.final_slot(j / H, p.slots.start(j / H)); p.final_state && f >= 0)
       store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * kHeadDim + vbase, 0, lane);
