@@ -44,8 +44,13 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // b_t[s - 1]); 2s runs segment s from the identity with v = 0 (out -> out_a, final ->
 // a_t[s - 1]). The 2S - 1 chains take 1/S of the steps and run at once; the stitch kernel
 // combines them.
-template <int VW, int KS, int STAGES, bool kSplit>
+//
+// kCheckpoints: the run stops at the chunk boundaries that prefix checkpoints ask for and stores
+// the state there. A kernel of its own: any checkpoint code in or beside the chunk loop of the
+// plain kernel (a check per chunk, or a second copy of the loop) cost P1, P3 and P7 3-8%.
+template <int VW, int KS, int STAGES, bool kSplit, bool kCheckpoints = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
+  static_assert(!(kSplit && kCheckpoints), "checkpoint calls never take the split pass");
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity(acc, vbase, col0, lane);
 
-  if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, n, h, H, 0, vbase, col0, lane);  // not split
+  if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, n, h, H, 0, vbase, col0, lane);
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
@@ -124,25 +129,26 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
     int s = 0;
     uint32_t parity = 0;
-    // Checkpoints split the run at the chunk boundaries they ask for. The chunk loop itself stays
-    // as without them, one copy of it: a check inside cost P1 8%, and a second inlined copy of
-    // the step (code size) about as much.
-    for (int c = c_begin;;) {
-      const int stop = p.checkpoints.count > 0 ? p.checkpoints.next_boundary(n, c, c_end, kChunk) : c_end;
-      for (; c < stop; ++c) {
-        ptx::mbarrier_wait_parity(&full[s], parity);
-        // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
-        // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-        chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
-                       1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
-        ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-        if (++s == kStages) {
-          s = 0;
-          parity ^= 1;
-        }
+    auto step = [&](int c) {
+      ptx::mbarrier_wait_parity(&full[s], parity);
+      // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
+      // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
+      chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+                     1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
+      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
       }
-      if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, n, h, H, int64_t{stop} * kChunk, vbase, col0, lane);
-      if (c >= c_end) break;
+    };
+    if constexpr (kCheckpoints) {
+      for (int c = c_begin; c < c_end;) {
+        const int stop = p.checkpoints.next_boundary(n, c, c_end, kChunk);
+        for (; c < stop; ++c) step(c);
+        write_checkpoints(p.checkpoints, acc, n, h, H, int64_t{stop} * kChunk, vbase, col0, lane);
+      }
+    } else {
+      for (int c = c_begin; c < c_end; ++c) step(c);
     }
   };
   if (!kSplit || run == 0) run_chunks(p.out);
@@ -161,18 +167,21 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   }
 }
 
-template <int VW, int KS, int STAGES, bool kSplit>
+template <int VW, int KS, int STAGES, bool kSplit, bool kCheckpoints = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
+  if constexpr (!kSplit && !kCheckpoints) {
+    if (p.checkpoints.count > 0) return launch_state_config<VW, KS, STAGES, false, true>(p, stream);
+  }
   constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   static_assert(kSmem <= kMaxBlockSmem, "the stages must fit one block's shared memory");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                kSmem);
+    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit, kCheckpoints>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, STAGES, kSplit><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, STAGES, kSplit, kCheckpoints><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace

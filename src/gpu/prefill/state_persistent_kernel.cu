@@ -48,6 +48,9 @@ __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], cons
   });
 }
 
+// kCheckpoints: as in state_kernel.cu, a kernel of its own (checkpoint code beside the plain
+// kernel's chunk loop cost P3 and P9 3-4%).
+template <bool kCheckpoints>
 __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __grid_constant__ StateParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
@@ -148,24 +151,27 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     p.seqs.bounds(j / H, bos, eos);
     const int len = static_cast<int>(eos - bos);  // < 2^31 tokens
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-    if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
-    const int chunks = (len + kChunk - 1) / kChunk;
-    for (int c = 0;;) {  // as in state_kernel.cu: checkpoints split the run, one copy of the chunk loop
-      const int stop = p.checkpoints.count > 0 ? p.checkpoints.next_boundary(j / H, c, chunks, kChunk) : chunks;
-      for (; c < stop; ++c) {
-        ptx::mbarrier_wait_parity(&full[s], parity);
-        const int left = len - c * kChunk;
-        chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr),
-                      0, out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk,
-                      out_row_stride);
-        ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-        if (++s == kStages) {
-          s = 0;
-          parity ^= 1;
-        }
+    if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
+    auto step = [&](int c) {
+      ptx::mbarrier_wait_parity(&full[s], parity);
+      const int left = len - c * kChunk;
+      chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
+                    out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
+      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
       }
-      if (p.checkpoints.count > 0) write_checkpoints(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
-      if (c >= chunks) break;
+    };
+    const int chunks = (len + kChunk - 1) / kChunk;
+    if constexpr (kCheckpoints) {
+      for (int c = 0; c < chunks;) {
+        const int stop = p.checkpoints.next_boundary(j / H, c, chunks, kChunk);
+        for (; c < stop; ++c) step(c);
+        write_checkpoints(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
+      }
+    } else {
+      for (int c = 0; c < chunks; ++c) step(c);
     }
     if (const int64_t f = p.slots.final_slot(j / H, p.slots.start(j / H)); p.final_state && f >= 0)
       store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * kHeadDim + vbase, 0, lane);
@@ -175,14 +181,15 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 }  // namespace
 
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
-  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
-  raised.run("persistent state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const auto kernel = p.checkpoints.count > 0 ? state_persistent_kernel<true> : state_persistent_kernel<false>;
+  static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
+  raised[p.checkpoints.count > 0].run("persistent state kernel: setting its shared memory size", [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t items = p.seqs.num_seqs * p.num_heads;
   const int64_t blocks = items < sms ? items : sms;  // one block per multiprocessor (shared memory)
   if (blocks == 0) return;
-  state_persistent_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "persistent state kernel launch failed: ", cudaGetErrorString(err));
 }
