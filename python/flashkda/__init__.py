@@ -17,7 +17,7 @@ in this process gives a module whose ``fwd`` is ``flashkda.fwd`` (also ``forward
 ``WITH_CUDA``, ``__version__``). It is opt-in, calling it again is harmless, and it raises
 RuntimeError, changing nothing, when a different ``flash_kda`` is already imported.
 
-Serving (CPU backend so far): ``flashkda.decode`` runs a decode step over an engine's state pool
+Serving (CUDA tensors: the recurrent kernel; host arrays: the CPU backend): ``flashkda.decode`` runs a decode step over an engine's state pool
 (each request's state read from its slot and written back in place; per-token states for
 speculative verify), and ``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode
 kernel that engines call (``ssm_state_indices``, ``num_accepted_tokens``, ``inplace_final_state``,

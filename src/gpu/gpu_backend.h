@@ -68,7 +68,7 @@ void recurrent_forward(const Problem& p, cudaStream_t stream);
 struct CudaPlan {
   enum class Kernels : int32_t {
     kChunkedPrefill,  // prompts: prep + state pass (gpu/prefill/)
-    kRecurrent,       // decode-shaped calls, and the features the chunked prefill lacks so far
+    kRecurrent,       // decode-shaped calls, and the features the chunked prefill does not take yet
   };
   Kernels kernels = Kernels::kChunkedPrefill;
   PrefillPlan prefill;  // kChunkedPrefill only
