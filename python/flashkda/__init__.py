@@ -17,9 +17,9 @@ in this process gives a module whose ``fwd`` is ``flashkda.fwd`` (also ``forward
 ``WITH_CUDA``, ``__version__``). It is opt-in, calling it again is harmless, and it raises
 RuntimeError, changing nothing, when a different ``flash_kda`` is already imported.
 
-Serving (CUDA tensors: the recurrent kernel; host arrays: the CPU backend): ``flashkda.decode`` runs a decode step over an engine's state pool
-(each request's state read from its slot and written back in place; per-token states for
-speculative verify), and ``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode
+Serving: ``flashkda.decode`` runs a decode step over an engine's state pool (each request's
+state read from its slot and written back in place; per-token states for speculative verify; on
+CUDA tensors the recurrent kernel, on host arrays the CPU backend), and ``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode
 kernel that engines call (``ssm_state_indices``, ``num_accepted_tokens``, ``inplace_final_state``,
 ``state_v_first``, ...), mapped onto the same call.
 """
