@@ -19,9 +19,10 @@ RuntimeError, changing nothing, when a different ``flash_kda`` is already import
 
 Serving: ``flashkda.decode`` runs a decode step over an engine's state pool (each request's
 state read from its slot and written back in place; per-token states for speculative verify; on
-CUDA tensors the recurrent kernel, on host arrays the CPU backend), and ``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode
-kernel that engines call (``ssm_state_indices``, ``num_accepted_tokens``, ``inplace_final_state``,
-``state_v_first``, ...), mapped onto the same call.
+CUDA tensors the recurrent kernel, on host arrays the CPU backend), and
+``flashkda.fused_recurrent_kda`` takes the keywords of the Triton decode kernel that engines call
+(``ssm_state_indices``, ``num_accepted_tokens``, ``inplace_final_state``, ``state_v_first``, ...),
+mapped onto the same call.
 """
 
 from ._api import fwd, forward, info
