@@ -24,8 +24,12 @@ except ImportError:
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the torch cases are skipped")
 FRAMEWORKS = ["numpy", pytest.param("torch", marks=needs_torch)]
 # ... and, for the suites that run on both backends, torch tensors on the GPU where there is one.
-needs_cuda = pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
-                                reason="torch.cuda is not available: the CUDA cases are skipped")
+# The CUDA cases need a GPU torch and a flashkda built with its kernels; each skips saying which is missing.
+needs_cuda = [
+    pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
+                       reason="torch.cuda is not available: the CUDA cases are skipped"),
+    pytest.mark.skipif(not flashkda.WITH_CUDA, reason="flashkda was built without its CUDA kernels"),
+]
 DEVICE_FRAMEWORKS = FRAMEWORKS + [pytest.param("cuda", marks=needs_cuda)]
 
 K = 128

@@ -15,12 +15,8 @@ import pytest
 
 import flashkda
 from flashkda import _ext, _frameworks
-from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, to_fw, torch, needs_torch, FRAMEWORKS
+from kda_helpers import BAR, BF16, K, FakeJaxArray, as_f64, make_problem, rel, to_torch, to_fw, torch, needs_torch, needs_cuda, FRAMEWORKS
 
-needs_cuda = [
-    pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="torch.cuda is not available"),
-    pytest.mark.skipif(not flashkda.WITH_CUDA, reason="flashkda was built without its CUDA kernels"),
-]
 
 H = 2
 LENGTHS = [37, 64, 0, 20, 48]  # N = 5: lengths off and on the 16-token grid, an empty sequence

@@ -573,8 +573,8 @@ def test_torch_compile_fullgraph_decode_updates_the_pool(call):
 # CUDA graphs: how engines run decode
 
 @needs_torch
-@needs_cuda
-@pytest.mark.skipif(not flashkda.WITH_CUDA, reason="flashkda was built without its CUDA kernels")
+@needs_cuda[0]
+@needs_cuda[1]
 def test_cuda_decode_in_a_captured_graph_replayed_with_new_slots_and_inputs():
     """One decode step captured in a torch CUDA graph (pool, indices, inputs and out in fixed
     buffers), replayed with new slots and inputs copied in: each replay matches the oracle, the

@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 
 import flashkda
-from kda_helpers import BAR, K, check_against_oracle, make_problem, oracle, rel, run_forward, to_torch
+from kda_helpers import BAR, K, check_against_oracle, make_problem, needs_cuda, oracle, rel, run_forward, to_torch
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the GPU suite needs CUDA torch")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch on one GPU
 
-pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda is not available (no GPU or CPU-only torch)"),
-    pytest.mark.skipif(not flashkda.WITH_CUDA,
-                       reason="flashkda was built without its CUDA kernels (no nvcc at build time)"),
-]
+pytestmark = needs_cuda  # a GPU torch and a flashkda built with its kernels
 
 
 def cuda_problem(**kw):
