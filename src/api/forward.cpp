@@ -46,8 +46,7 @@ void check_indices(const Problem& p, bool on_device, SeqlenCheck mode, cudaStrea
   const bool any = p.cu_seqlens || p.state_indices || p.checkpoint_offsets;
   if (on_device && (!any || mode == SeqlenCheck::kDeviceGuardsOnly || gpu::stream_is_capturing(stream))) return;
   Problem host = p;
-  std::vector<std::vector<unsigned char>> buffers;
-  buffers.reserve(5);  // the pointers handed out below stay valid
+  std::vector<std::vector<unsigned char>> buffers;  // an inner vector's data stays put when the outer one grows
   if (on_device) {
     std::vector<gpu::HostCopy> copies;
     auto to_host = [&](const void*& field, DType dtype, int64_t count) {
