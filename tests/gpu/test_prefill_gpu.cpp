@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bf16.h"
 #include "cpu/oracle.h"
 #include "device_problem.h"
 
@@ -488,22 +489,76 @@ ErrorCode run_expecting_error(DeviceProblem& dev, const ForwardArgs& a, std::str
   return ErrorCode::kOk;
 }
 
-// The softplus gate runs on the recurrent kernel (the chunked prefill does not implement it yet),
-// with Kimi-Linear-like parameters: A_log in [-1, 2.7], g + dt_bias up to +-30 (decays from none
-// to a full wipe within a token), lengths around the chunk size and one long sequence.
-TEST_F(GpuPrefill, SoftplusGateMatchesOracle) {
-  ProblemSpec spec = packed({40, 0, 1, 17, 300}, 3, 22);
-  spec.gate = Gate::kSoftplus;
-  spec.g_input = GateInput::kUniform8;
-  spec.dt_bias_input = DtBiasInput::kWide;
-  RandomProblem host(spec);
-  std::mt19937 rng(22);
-  std::uniform_real_distribution<float> a_log(-1.0f, 2.7f), bias(-22.0f, 22.0f);
+// The softplus gate with Kimi-Linear-like parameters: A_log in [-1, 2.7], g + dt_bias up to +-30
+// (decays from none to a full wipe within a token). Long calls run the chunked prefill, whose
+// chunk form must stay finite and exact where a chunk's decay spans thousands of nats; whole
+// chunks of near-zero decay (g + dt_bias = -30: softplus 1e-13, summed over many tokens), of
+// wiping decay (+30) and of per-channel mixes alternate, with lengths around the chunk size.
+RandomProblem& kimi_softplus(RandomProblem& host, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> a_log(-1.0f, 2.7f), bias(-22.0f, 22.0f), wide(-30.0f, 30.0f);
   for (float& a : host.A_log) a = a_log(rng);
   for (float& b : host.dt_bias) b = bias(rng);
-  expect_matches_oracle(host);
-  spec.seqlens = {1, 3, 8, 2};  // decode-shaped
+  const Problem& p = host.problem();
+  for (int64_t t = 0; t < p.total_tokens; ++t) {
+    const int regime = static_cast<int>((t / 16 + seed) % 4);  // per 16 tokens of the packed rows
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t c = 0; c < 128; ++c) {
+        const float bias_hc = host.dt_bias[h * 128 + c];
+        float x = wide(rng);
+        if (regime == 0) x = -30.0f;  // near-zero decay everywhere
+        if (regime == 1) x = 30.0f;   // a wipe every token
+        if (regime == 2 && (t % 16) == 5) x = 30.0f;  // one wiping token inside a quiet chunk
+        if (regime == 2 && (t % 16) != 5) x = -30.0f;
+        host.g[(t * p.H + h) * 128 + c] = float_to_bf16(x - bias_hc);
+      }
+  }
+  return host;
+}
+
+TEST_F(GpuPrefill, SoftplusGateMatchesOracle) {
+  ProblemSpec spec = packed({40, 0, 1, 17, 300, 1000}, 3, 22);
+  spec.gate = Gate::kSoftplus;
+  {
+    RandomProblem host(spec);
+    expect_matches_oracle(kimi_softplus(host, 22));
+  }
+  spec.g_input = GateInput::kUniform8;  // the generator's own wide gates, no regimes
+  spec.dt_bias_input = DtBiasInput::kWide;
   expect_matches_oracle(spec);
+  spec.seqlens = {1, 3, 8, 2};  // decode-shaped: the recurrent kernel
+  expect_matches_oracle(spec);
+  ProblemSpec large = packed({700}, 2, 23);  // a large fp32 state that near-zero decay keeps
+  large.gate = Gate::kSoftplus;
+  large.init = InitState::kLarge;
+  large.init_dtype = large.final_dtype = DType::kF32;
+  RandomProblem host(large);
+  expect_matches_oracle(kimi_softplus(host, 24));
+}
+
+// The softplus gate on every state-pass form of the chunked prefill (the split pass takes a
+// single sequence).
+TEST_F(GpuPrefill, SoftplusGateEveryStatePass) {
+  struct Env {
+    const char* variable;
+    const char* value;
+  };
+  const std::vector<std::vector<Env>> forms = {
+      {{"FLASHKDA_STATE_CONFIG", "8x1"}}, {{"FLASHKDA_STATE_CONFIG", "4x1"}}, {{"FLASHKDA_STATE_CONFIG", "2x2"}},
+      {{"FLASHKDA_STATE_CONFIG", "1x4"}}, {{"FLASHKDA_SPLIT", "1"}},          {{"FLASHKDA_PERSISTENT", "1"}}};
+  for (const std::vector<Env>& form : forms) {
+    for (const Env& e : form) setenv(e.variable, e.value, 1);
+    setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);
+    SCOPED_TRACE(std::string(form[0].variable) + "=" + form[0].value);
+    const bool split = std::string(form[0].variable) == "FLASHKDA_SPLIT";  // one sequence only
+    ProblemSpec spec = packed(split ? std::vector<int64_t>{1000} : std::vector<int64_t>{300, 0, 17, 1, 64}, 3, 28);
+    spec.gate = Gate::kSoftplus;
+    spec.init_dtype = spec.final_dtype = DType::kF32;
+    RandomProblem host(spec);
+    expect_matches_oracle(kimi_softplus(host, 29));
+    for (const Env& e : form) unsetenv(e.variable);
+    unsetenv("FLASHKDA_CUDA_KERNELS");
+  }
 }
 
 // What the chunked prefill does not implement yet runs on the recurrent kernel; forced onto the
@@ -517,10 +572,6 @@ TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   DeviceProblem dev(host);
   ForwardArgs a = dev.args();
   std::string msg;
-  a.gate = Gate::kSoftplus;
-  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("gate: the chunked prefill does not implement the softplus gate yet"));
-  a = dev.args();
   a.state_layout = StateLayout::kKV;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
   EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the chunked prefill does not implement the K-major"));

@@ -21,7 +21,6 @@ constexpr int64_t kDecodeTokensPerSequence = 8;
 // The first feature of `p` the chunked prefill does not implement yet, as the error a forced
 // chunked run gives; nullptr when it takes the problem.
 const char* chunked_prefill_lacks(const Problem& p) {
-  if (p.gate != Gate::kSafe) return "gate: the chunked prefill does not implement the softplus gate yet";
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
   if (p.state_layout != StateLayout::kVK)
     return "state_layout: the chunked prefill does not implement the K-major state layout yet";

@@ -186,7 +186,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
   if (p.total_tokens > 0) {
     auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
-    PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.scale,
+    PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }

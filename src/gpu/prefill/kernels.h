@@ -17,7 +17,8 @@ struct PrepParams {
   const uint16_t* beta;  // [total, H]
   const float* A_log;    // [H]
   const float* dt_bias;  // [H, 128]
-  float lower_bound;
+  float lower_bound;     // the safe gate's bound (unused by the softplus gate)
+  bool softplus_gate;    // a = -exp(A_log) softplus(g + dt_bias); else the safe gate
   float scale;
   int num_heads;
   SequenceTable seqs;

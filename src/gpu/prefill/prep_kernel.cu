@@ -61,6 +61,41 @@ __device__ __forceinline__ void load_a(const float (*m)[kStride], int col0, int 
   a[3] = __float_as_uint(bottom.y);
 }
 
+// The products A B^T of two [16][128] tiles (tf32), 16 x 16 per pair: warps 0, 1 take
+// tile[0] tile[1]^T over channel halves (L's), warps 2, 3 take tile[2] tile[1]^T (M's); the
+// halves land in sm.part and are added by the caller.
+__device__ __forceinline__ void lm_products(PrepSmem& sm, int warp, int g, int t4) {
+  const float(*a_tile)[kTileStride] = warp < 2 ? sm.tile[0] : sm.tile[2];
+  float acc[2][4] = {};
+#pragma unroll
+  for (int kt = 0; kt < 8; ++kt) {
+    const int col0 = (warp & 1) * 64 + kt * 8;
+    uint32_t a[4];
+    load_a<kTileStride>(a_tile, col0, g, t4, a);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 b = *reinterpret_cast<const float2*>(&sm.tile[1][nt * 8 + g][col0 + 2 * t4]);
+      ptx::mma_tf32_1688(acc[nt], a, b.x, b.y);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    *reinterpret_cast<float2*>(&sm.part[warp][g][nt * 8 + 2 * t4]) = make_float2(acc[nt][0], acc[nt][1]);
+    *reinterpret_cast<float2*>(&sm.part[warp][g + 8][nt * 8 + 2 * t4]) = make_float2(acc[nt][2], acc[nt][3]);
+  }
+}
+
+// The softplus gate's log-decay in base 2, a log2(e) = -exp(A_log) softplus(x) log2(e), clamped
+// at -100 nats a token as the CPU backend does (exp(-100) is 0 in fp32 already; NaN stays NaN).
+// log1pf keeps softplus's small values exact: with the near-zero decays of a whole chunk they
+// add up over thousands of tokens.
+__device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log2e) {
+  const float a2 = neg_expA_log2e * (fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x))));
+  constexpr float kMin = -100.0f * ptx::kLog2e;
+  return a2 < kMin ? kMin : a2;
+}
+
+template <bool kSoftplus>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -128,69 +163,156 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
   // Phase 2: thread c takes key channel c (and value channel c) of the 16 tokens. The log-decay
   // is kept in base 2 (G2 = G log2(e)), so each exponential below is one exp2 instruction.
-  float q[kChunk], k[kChunk], G2[kChunk];
-  {
-    const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
-    const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
-    const float lb_log2e = ptx::kLog2e * p.lower_bound;
-    float run = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      q[t] = bf16_to_float(sm.in[0][t][c]);
-      k[t] = bf16_to_float(sm.in[1][t][c]);
-      // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0
-      const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (bf16_to_float(sm.in[2][t][c]) + bias));  // e^-x
-      const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
-      G2[t] = (run += a2);  // cumulative log-decay G_t, base 2
-    }
-  }
-  __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
-
-  // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
-  // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
-  const float e_C = ptx::exp2_ftz(G2[kChunk - 1]);  // decay of the whole chunk, exp(G_C)
-  float kr[kChunk];
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    const float kh = k[t] * sm.rnorm[kChunk + t];
-    const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
-    kr[t] = kh * (e_C * e_inv);
-    k[t] = kh * e;
-    q[t] = q[t] * sm.rnorm[t] * e;  // rnorm holds scale / ||q||
-    sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
-    sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
-    sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
-  }
-  __syncthreads();
-
-  // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32): warps 0, 1 take L over channel
-  // halves, warps 2, 3 take M; the halves are added below.
   const int g = lane >> 2, t4 = lane & 3;
-  {
-    const float(*a_tile)[kTileStride] = warp < 2 ? sm.tile[0] : sm.tile[2];
-    float acc[2][4] = {};
+  float q[kChunk], k[kChunk], G2[kChunk];
+  float kr[kChunk];
+  float e_C;  // decay of the whole chunk, exp(G_C)
+  if constexpr (!kSoftplus) {
+    {
+      const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
+      const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+      const float lb_log2e = ptx::kLog2e * p.lower_bound;
+      float run = 0.0f;
 #pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-      const int col0 = (warp & 1) * 64 + kt * 8;
-      uint32_t a[4];
-      load_a<kTileStride>(a_tile, col0, g, t4, a);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float2 b = *reinterpret_cast<const float2*>(&sm.tile[1][nt * 8 + g][col0 + 2 * t4]);
-        ptx::mma_tf32_1688(acc[nt], a, b.x, b.y);
+      for (int t = 0; t < kChunk; ++t) {
+        q[t] = bf16_to_float(sm.in[0][t][c]);
+        k[t] = bf16_to_float(sm.in[1][t][c]);
+        // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0
+        const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (bf16_to_float(sm.in[2][t][c]) + bias));  // e^-x
+        const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
+        G2[t] = (run += a2);  // cumulative log-decay G_t, base 2
       }
     }
+    __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
+
+    // Decayed rows: k~ = k^ e^G, k- = k^ e^-G (|G| <= 80 for the safe gate), q~ = scale q^ e^G,
+    // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
+    e_C = ptx::exp2_ftz(G2[kChunk - 1]);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      *reinterpret_cast<float2*>(&sm.part[warp][g][nt * 8 + 2 * t4]) = make_float2(acc[nt][0], acc[nt][1]);
-      *reinterpret_cast<float2*>(&sm.part[warp][g + 8][nt * 8 + 2 * t4]) = make_float2(acc[nt][2], acc[nt][3]);
+    for (int t = 0; t < kChunk; ++t) {
+      const float kh = k[t] * sm.rnorm[kChunk + t];
+      const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
+      kr[t] = kh * (e_C * e_inv);
+      k[t] = kh * e;
+      q[t] = q[t] * sm.rnorm[t] * e;  // rnorm holds scale / ||q||
+      sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
+      sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
+      sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
     }
-  }
-  __syncthreads();
-  for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    sm.L[i][j] = i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;  // strictly lower
-    sm.M[i][j] = i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;                // lower incl. diagonal
+    __syncthreads();
+
+    // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32), the channel halves added here.
+    lm_products(sm, warp, g, t4);
+    __syncthreads();
+    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      sm.L[i][j] = i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;  // strictly lower
+      sm.M[i][j] = i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;                // lower incl. diagonal
+    }
+  } else {
+    // The softplus gate is unbounded: a chunk's decay spans far more than fp32's e^+-88, so no
+    // single reference token keeps both factors of k_i e^(G_i - r) . k_j e^(r - G_j) finite. L and
+    // M are formed in two passes of factored products whose factors stay in range
+    // (tools/numerics/softplus_chunk_forms.py measures this form against fp64 pairwise values):
+    //   1. the diagonal 8 x 8 blocks (i, j in one token half), the reference at the half's token 3,
+    //      with each token's log-decay clamped at -20 nats for these factors only (a factor that
+    //      crosses a clamped token is under e^-20 either way, below fp32's resolution of the sum);
+    //   2. the cross block (i in 8..15, j in 0..7) with the reference at token 7: both factors
+    //      e^(G_i - G_7) and e^(G_7 - G_j) are <= 1, exact.
+    // Every sum of log-decays below runs over the tokens between the two ends only, never as a
+    // difference of two running totals (those lose small decays next to a large one).
+    float a2[kChunk];
+    {
+      const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
+      const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        q[t] = bf16_to_float(sm.in[0][t][c]);
+        k[t] = bf16_to_float(sm.in[1][t][c]);
+        a2[t] = t < count ? softplus_log2_decay(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e) : 0.0f;
+      }
+    }
+    __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
+
+    // k and q become k^ and scale q^ (rnorm holds scale / ||q||); G2 the running log-decay; kr =
+    // k^ e^(G_C - G) from the suffix sums.
+    float run = 0.0f, suffix = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      k[t] *= sm.rnorm[kChunk + t];
+      q[t] *= sm.rnorm[t];
+      G2[t] = (run += a2[t]);
+    }
+#pragma unroll
+    for (int t = kChunk - 1; t >= 0; --t) {
+      kr[t] = k[t] * ptx::exp2_ftz(suffix);
+      suffix += a2[t];
+    }
+    e_C = ptx::exp2_ftz(G2[kChunk - 1]);
+
+    // Pass 1: the diagonal blocks. E_t = Gc_t - Gc_r with r = token 3 of the half, Gc clamped.
+    constexpr float kClamp = -20.0f * ptx::kLog2e;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 8 * half + 3;
+      float E[8];
+      E[3] = 0.0f;
+#pragma unroll
+      for (int t = r - 1; t >= 8 * half; --t) E[t - 8 * half] = E[t + 1 - 8 * half] - fmaxf(a2[t + 1], kClamp);
+#pragma unroll
+      for (int t = r + 1; t < 8 * half + 8; ++t) E[t - 8 * half] = E[t - 1 - 8 * half] + fmaxf(a2[t], kClamp);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int t = 8 * half + u;
+        const float e = ptx::exp2_ftz(E[u]), e_inv = ptx::exp2_ftz(-E[u]);
+        sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
+        sm.tile[1][t][c] = ptx::tf32_operand(k[t] * e_inv);
+        sm.tile[2][t][c] = q[t] * e;
+      }
+    }
+    __syncthreads();
+    lm_products(sm, warp, g, t4);
+    __syncthreads();
+    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      const bool diagonal_block = (i < 8) == (j < 8);  // the cross block comes in pass 2
+      sm.L[i][j] = diagonal_block && i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;
+      sm.M[i][j] = diagonal_block && i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;
+    }
+    // Pass 2: the cross block; rows 8..15 of the A tiles take e^(G_i - G_7), rows 0..7 of the B
+    // tile e^(G_7 - G_j) (the other rows only feed entries this pass does not keep).
+    {
+      float down = 0.0f;  // G_i - G_7
+#pragma unroll
+      for (int i = 8; i < kChunk; ++i) {
+        down += a2[i];
+        const float e = ptx::exp2_ftz(down);
+        sm.tile[0][i][c] = ptx::tf32_operand(k[i] * e);
+        sm.tile[2][i][c] = q[i] * e;
+      }
+      float up = 0.0f;  // G_7 - G_j
+#pragma unroll
+      for (int j = 7; j >= 0; --j) {
+        sm.tile[1][j][c] = ptx::tf32_operand(k[j] * ptx::exp2_ftz(up));
+        up += a2[j];
+      }
+    }
+    __syncthreads();
+    lm_products(sm, warp, g, t4);
+    __syncthreads();
+    for (int idx = c; idx < kChunk * kChunk / 4; idx += kThreads) {
+      const int i = 8 + idx / 8, j = idx % 8;
+      sm.L[i][j] = sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]);
+      sm.M[i][j] = sm.part[2][i][j] + sm.part[3][i][j];
+    }
+    // The tiles the products with W and M read: K~ = k^ e^G (tf32) and Q~ = scale q^ e^G (fp32),
+    // both <= 1 in their factors.
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      const float e = ptx::exp2_ftz(G2[t]);
+      sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
+      sm.tile[2][t][c] = q[t] * e;
+    }
   }
   __syncthreads();
 
@@ -285,7 +407,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(p.num_heads));
-  prep_kernel<<<grid, kThreads, 0, stream>>>(p);
+  if (p.softplus_gate) prep_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  else prep_kernel<false><<<grid, kThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
 }
