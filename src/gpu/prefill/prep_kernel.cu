@@ -95,6 +95,24 @@ __device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log
   return a2 < kMin ? kMin : a2;
 }
 
+__device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot, int h) {
+  return p.records + (slot * p.num_heads + h) * static_cast<int64_t>(ChunkRecord::kBytes);
+}
+
+// Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
+// (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half.
+__device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[kChunk]) {
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      reinterpret_cast<float4*>(dst)[h] =
+          make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
+                      ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
+  }
+}
+
 template <bool kSoftplus>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
@@ -164,10 +182,11 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   // Phase 2: thread c takes key channel c (and value channel c) of the 16 tokens. The log-decay
   // is kept in base 2 (G2 = G log2(e)), so each exponential below is one exp2 instruction.
   const int g = lane >> 2, t4 = lane & 3;
-  float q[kChunk], k[kChunk], G2[kChunk];
+  float q[kChunk], k[kChunk];
   float kr[kChunk];
   float e_C;  // decay of the whole chunk, exp(G_C)
   if constexpr (!kSoftplus) {
+    float G2[kChunk];
     {
       const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
       const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
@@ -234,21 +253,21 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     }
     __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
 
-    // k and q become k^ and scale q^ (rnorm holds scale / ||q||); G2 the running log-decay; kr =
-    // k^ e^(G_C - G) from the suffix sums.
-    float run = 0.0f, suffix = 0.0f;
+    // k and q become k^ and scale q^ (rnorm holds scale / ||q||); kr = k^ e^(G_C - G) from the
+    // suffix sums, stored now (16 registers fewer through the passes below).
+    float suffix = 0.0f;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       k[t] *= sm.rnorm[kChunk + t];
       q[t] *= sm.rnorm[t];
-      G2[t] = (run += a2[t]);
     }
 #pragma unroll
     for (int t = kChunk - 1; t >= 0; --t) {
       kr[t] = k[t] * ptx::exp2_ftz(suffix);
       suffix += a2[t];
     }
-    e_C = ptx::exp2_ftz(G2[kChunk - 1]);
+    store_kr(record_of(p, slot, h), c, kr);
+    e_C = ptx::exp2_ftz(suffix);  // suffix ends as G_C
 
     // Pass 1: the diagonal blocks. E_t = Gc_t - Gc_r with r = token 3 of the half, Gc clamped.
     constexpr float kClamp = -20.0f * ptx::kLog2e;
@@ -307,9 +326,10 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     }
     // The tiles the products with W and M read: K~ = k^ e^G (tf32) and Q~ = scale q^ e^G (fp32),
     // both <= 1 in their factors.
+    float run = 0.0f;  // G_t
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
-      const float e = ptx::exp2_ftz(G2[t]);
+      const float e = ptx::exp2_ftz(run += a2[t]);
       sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
       sm.tile[2][t][c] = q[t] * e;
     }
@@ -333,8 +353,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   }
   __syncthreads();
 
+
   // The record goes straight to global memory; every store below fills whole 32-byte sectors.
-  uint8_t* rec = p.records + (slot * H + h) * static_cast<int64_t>(ChunkRecord::kBytes);
+  uint8_t* rec = record_of(p, slot, h);
 
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
   //   Wk = W K~ and Qe = Q~ - M Wk.
@@ -382,17 +403,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     }
   }
 
-  // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
-  // (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half.
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      reinterpret_cast<float4*>(dst)[h] =
-          make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
-                      ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
-  }
+  if constexpr (!kSoftplus) store_kr(rec, c, kr);
   // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
   float* small = reinterpret_cast<float*>(rec);
   for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
