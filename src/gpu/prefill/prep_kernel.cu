@@ -238,9 +238,11 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     //      crosses a clamped token is under e^-20 either way, below fp32's resolution of the sum);
     //   2. the cross block (i in 8..15, j in 0..7) with the reference at token 7: both factors
     //      e^(G_i - G_7) and e^(G_7 - G_j) are <= 1, exact.
-    // Every sum of log-decays below runs over the tokens between the two ends only, never as a
-    // difference of two running totals (those lose small decays next to a large one).
-    float a2[kChunk];
+    // Every factor below is a product of per-token decays d_t = e^(a_t) over the tokens between
+    // its two ends, never a quotient of two running totals (those lose small decays next to a
+    // large one), and the products cost no exponentials: three MUFU operations an element in all
+    // (the gate's exp, d_t, one reciprocal), as many as the safe gate's form.
+    float d[kChunk];  // e^(a_t); 1 for padding rows
     {
       const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
       const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
@@ -248,45 +250,56 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       for (int t = 0; t < kChunk; ++t) {
         q[t] = bf16_to_float(sm.in[0][t][c]);
         k[t] = bf16_to_float(sm.in[1][t][c]);
-        a2[t] = t < count ? softplus_log2_decay(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e) : 0.0f;
+        const float a2 = softplus_log2_decay(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e);
+        d[t] = t < count ? ptx::exp2_ftz(a2) : 1.0f;
       }
     }
     __syncthreads();  // every thread is done reading sm.in: its space becomes the fp32 tiles
 
-    // k and q become k^ and scale q^ (rnorm holds scale / ||q||); kr = k^ e^(G_C - G) from the
-    // suffix sums, stored now (16 registers fewer through the passes below).
-    float suffix = 0.0f;
+    // k and q become k^ and scale q^ (rnorm holds scale / ||q||); kr = k^ e^(G_C - G_t) from the
+    // suffix products, stored now (16 registers fewer through the passes below).
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       k[t] *= sm.rnorm[kChunk + t];
       q[t] *= sm.rnorm[t];
     }
+    float suffix = 1.0f;
 #pragma unroll
     for (int t = kChunk - 1; t >= 0; --t) {
-      kr[t] = k[t] * ptx::exp2_ftz(suffix);
-      suffix += a2[t];
+      kr[t] = k[t] * suffix;
+      suffix *= d[t];
     }
     store_kr(record_of(p, slot, h), c, kr);
-    e_C = ptx::exp2_ftz(suffix);  // suffix ends as G_C
+    e_C = suffix;  // the product of all 16
 
-    // Pass 1: the diagonal blocks. E_t = Gc_t - Gc_r with r = token 3 of the half, Gc clamped.
-    constexpr float kClamp = -20.0f * ptx::kLog2e;
+    // Pass 1: the diagonal blocks, e^(E_t) with E_t = Gc_t - Gc_r, r = token 3 of the half, Gc
+    // the running log-decay with every token's clamped at -20 nats (dc_t = max(d_t, e^-20)):
+    // |E_t| <= 80 nats, both factors finite.
+    constexpr float kClampedDecay = 2.0611536e-9f;  // e^-20
+    auto put = [&](int t, float e, float e_inv) {
+      sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
+      sm.tile[1][t][c] = ptx::tf32_operand(k[t] * e_inv);
+      sm.tile[2][t][c] = q[t] * e;
+    };
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 8 * half + 3;
-      float E[8];
-      E[3] = 0.0f;
+      float e = 1.0f, e_inv = 1.0f;  // e^(E_t), e^(-E_t)
+      put(r, e, e_inv);
 #pragma unroll
-      for (int t = r - 1; t >= 8 * half; --t) E[t - 8 * half] = E[t + 1 - 8 * half] - fmaxf(a2[t + 1], kClamp);
+      for (int t = r - 1; t >= 8 * half; --t) {  // E_t = E_(t+1) - ac_(t+1)
+        const float dc = fmaxf(d[t + 1], kClampedDecay);
+        e *= ptx::rcp_ftz(dc);
+        e_inv *= dc;
+        put(t, e, e_inv);
+      }
+      e = e_inv = 1.0f;
 #pragma unroll
-      for (int t = r + 1; t < 8 * half + 8; ++t) E[t - 8 * half] = E[t - 1 - 8 * half] + fmaxf(a2[t], kClamp);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int t = 8 * half + u;
-        const float e = ptx::exp2_ftz(E[u]), e_inv = ptx::exp2_ftz(-E[u]);
-        sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
-        sm.tile[1][t][c] = ptx::tf32_operand(k[t] * e_inv);
-        sm.tile[2][t][c] = q[t] * e;
+      for (int t = r + 1; t < 8 * half + 8; ++t) {  // E_t = E_(t-1) + ac_t
+        const float dc = fmaxf(d[t], kClampedDecay);
+        e *= dc;
+        e_inv *= ptx::rcp_ftz(dc);
+        put(t, e, e_inv);
       }
     }
     __syncthreads();
@@ -301,19 +314,18 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     // Pass 2: the cross block; rows 8..15 of the A tiles take e^(G_i - G_7), rows 0..7 of the B
     // tile e^(G_7 - G_j) (the other rows only feed entries this pass does not keep).
     {
-      float down = 0.0f;  // G_i - G_7
+      float down = 1.0f;  // e^(G_i - G_7)
 #pragma unroll
       for (int i = 8; i < kChunk; ++i) {
-        down += a2[i];
-        const float e = ptx::exp2_ftz(down);
-        sm.tile[0][i][c] = ptx::tf32_operand(k[i] * e);
-        sm.tile[2][i][c] = q[i] * e;
+        down *= d[i];
+        sm.tile[0][i][c] = ptx::tf32_operand(k[i] * down);
+        sm.tile[2][i][c] = q[i] * down;
       }
-      float up = 0.0f;  // G_7 - G_j
+      float up = 1.0f;  // e^(G_7 - G_j)
 #pragma unroll
       for (int j = 7; j >= 0; --j) {
-        sm.tile[1][j][c] = ptx::tf32_operand(k[j] * ptx::exp2_ftz(up));
-        up += a2[j];
+        sm.tile[1][j][c] = ptx::tf32_operand(k[j] * up);
+        up *= d[j];
       }
     }
     __syncthreads();
@@ -324,14 +336,13 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       sm.L[i][j] = sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]);
       sm.M[i][j] = sm.part[2][i][j] + sm.part[3][i][j];
     }
-    // The tiles the products with W and M read: K~ = k^ e^G (tf32) and Q~ = scale q^ e^G (fp32),
-    // both <= 1 in their factors.
-    float run = 0.0f;  // G_t
+    // The tiles the products with W and M read: K~ = k^ e^G (tf32) and Q~ = scale q^ e^G (fp32).
+    float run = 1.0f;  // e^(G_t)
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
-      const float e = ptx::exp2_ftz(run += a2[t]);
-      sm.tile[0][t][c] = ptx::tf32_operand(k[t] * e);
-      sm.tile[2][t][c] = q[t] * e;
+      run *= d[t];
+      sm.tile[0][t][c] = ptx::tf32_operand(k[t] * run);
+      sm.tile[2][t][c] = q[t] * run;
     }
   }
   __syncthreads();
