@@ -2,6 +2,8 @@
 // (chunk slot, head), thread c owning key channel c (and value channel c).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "api/validate.h"
 #include "common/bf16.h"
 #include "gpu/prefill/chunk_record.cuh"
@@ -85,12 +87,29 @@ __device__ __forceinline__ void lm_products(PrepSmem& sm, int warp, int g, int t
   }
 }
 
-// The softplus gate's log-decay in base 2, a log2(e) = -exp(A_log) softplus(x) log2(e), clamped
-// at -100 nats a token as the CPU backend does (exp(-100) is 0 in fp32 already; NaN stays NaN).
-// log1pf keeps softplus's small values exact: with the near-zero decays of a whole chunk they
-// add up over thousands of tokens.
+// log(1 + z) for z in [0, 1]: 2 atanh(s), s = z / (2 + z) in [0, 1/3], the odd series to s^13
+// (truncation under 2e-8 relative), exact also for tiny z, where softplus's small values decide a
+// near-zero decay summed over thousands of tokens. A third of log1pf's instructions: at the prep
+// kernel's many heads the gate's arithmetic shows in the issue slots.
+__device__ __forceinline__ float log1p_unit(float z) {
+  const float s = z * ptx::rcp_ftz(2.0f + z), s2 = s * s;
+  float r = 1.0f / 13.0f;
+  r = fmaf(r, s2, 1.0f / 11.0f);
+  r = fmaf(r, s2, 1.0f / 9.0f);
+  r = fmaf(r, s2, 1.0f / 7.0f);
+  r = fmaf(r, s2, 1.0f / 5.0f);
+  r = fmaf(r, s2, 1.0f / 3.0f);
+  r = fmaf(r, s2, 1.0f);
+  return 2.0f * s * r;
+}
+
+// The softplus gate's log-decay in base 2, a log2(e) = -exp(A_log) softplus(x) log2(e) with
+// softplus(x) = max(x, 0) + log1p(e^-|x|), clamped at -100 nats a token as the CPU backend does
+// (exp(-100) is 0 in fp32 already; NaN stays NaN, +-inf give the clamp and 0).
+template <bool kSeries>
 __device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log2e) {
-  const float a2 = neg_expA_log2e * (fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x))));
+  const float z = ptx::exp2_ftz(-ptx::kLog2e * fabsf(x));
+  const float a2 = neg_expA_log2e * (fmaxf(x, 0.0f) + (kSeries ? log1p_unit(z) : log1pf(z)));
   constexpr float kMin = -100.0f * ptx::kLog2e;
   return a2 < kMin ? kMin : a2;
 }
@@ -113,7 +132,7 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   }
 }
 
-template <bool kSoftplus>
+template <bool kSoftplus, bool kSeries = false>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -240,8 +259,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     //      e^(G_i - G_7) and e^(G_7 - G_j) are <= 1, exact.
     // Every factor below is a product of per-token decays d_t = e^(a_t) over the tokens between
     // its two ends, never a quotient of two running totals (those lose small decays next to a
-    // large one), and the products cost no exponentials: three MUFU operations an element in all
-    // (the gate's exp, d_t, one reciprocal), as many as the safe gate's form.
+    // large one), and the products cost no exponentials: four MUFU operations an element in all
+    // (the gate's exp and reciprocal, d_t, one reciprocal for the clamped factors).
     float d[kChunk];  // e^(a_t); 1 for padding rows
     {
       const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
@@ -250,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       for (int t = 0; t < kChunk; ++t) {
         q[t] = bf16_to_float(sm.in[0][t][c]);
         k[t] = bf16_to_float(sm.in[1][t][c]);
-        const float a2 = softplus_log2_decay(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e);
+        const float a2 = softplus_log2_decay<kSeries>(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e);
         d[t] = t < count ? ptx::exp2_ftz(a2) : 1.0f;
       }
     }
@@ -429,7 +448,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(p.num_heads));
-  if (p.softplus_gate) prep_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  static const bool series = std::getenv("FLASHKDA_EXP_SERIES") != nullptr;  // EXPERIMENT
+  if (p.softplus_gate && series) prep_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.softplus_gate) prep_kernel<true><<<grid, kThreads, 0, stream>>>(p);
   else prep_kernel<false><<<grid, kThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
