@@ -173,8 +173,7 @@ def forward(
         beta: bfloat16 ``[B, T, H]`` write strength as a logit (sigmoid inside).
         A_log: float32 ``[H]``; dt_bias: float32 ``[H, K]``.
         lower_bound: bound of the "safe" gate, in ``[-5, 0)``.
-        gate: ``"safe"`` or ``"softplus"`` (on CUDA tensors the softplus gate runs on the recurrent
-            kernel: exact, but per-token speed for long prompts, see the README).
+        gate: ``"safe"`` or ``"softplus"``.
         scale: output scale; ``None`` means ``K ** -0.5``.
         initial_state: optional ``[N, H, V, K]`` bfloat16 or float32 state before each sequence.
         output_final_state: also return the state after each sequence, ``[N, H, V, K]``, with
