@@ -561,8 +561,9 @@ TEST_F(GpuPrefill, SoftplusGateEveryStatePass) {
   }
 }
 
-// What the chunked prefill does not implement yet runs on the recurrent kernel; forced onto the
-// chunked kernels (FLASHKDA_CUDA_KERNELS=chunked), each is refused by name, before any kernel runs.
+// What the chunked prefill does not implement (per-token states; strided views its loads cannot
+// take) runs on the recurrent kernel; forced onto the chunked kernels (FLASHKDA_CUDA_KERNELS=
+// chunked), such a call is refused by name, before any kernel runs.
 TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   struct ForceChunked {
     ForceChunked() { setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1); }
@@ -572,17 +573,14 @@ TEST_F(GpuPrefill, ChunkedPrefillRefusesWhatItLacks) {
   DeviceProblem dev(host);
   ForwardArgs a = dev.args();
   std::string msg;
-  a.state_layout = StateLayout::kKV;
-  EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("state_layout: the chunked prefill does not implement the K-major"));
-  a = dev.args();  // a strided q: every other token row of the 17 (H = 1)
-  a.q.strides[0] = 17 * 128, a.q.strides[1] = 2 * 128, a.q.strides[2] = 128, a.q.strides[3] = 1;
+  // a strided q with rows 8-byte but not 16-byte aligned (132 elements apart, H = 1)
+  a.q.strides[0] = 17 * 128, a.q.strides[1] = 132, a.q.strides[2] = 128, a.q.strides[3] = 1;
   a.q.shape[1] = 8;
   a.k.shape[1] = a.v.shape[1] = a.g.shape[1] = a.out.shape[1] = a.beta.shape[1] = 8;
   a.cu_seqlens = Tensor{};
   a.initial_state.shape[0] = a.final_state.shape[0] = 1;
   EXPECT_EQ(run_expecting_error(dev, a, &msg), ErrorCode::kUnsupported);
-  EXPECT_THAT(msg, ::testing::HasSubstr("the chunked prefill does not read strided views yet"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("the chunked prefill reads strided views only with 16-byte aligned rows"));
 }
 
 TEST_F(GpuPrefill, BadDeviceCuSeqlensRefused) {

@@ -6,22 +6,11 @@
 #include <cstdint>
 
 #include "flashkda/flashkda.h"
+#include "gpu/common/activation_view.cuh"
 #include "gpu/common/state_slots.cuh"
 #include "gpu/prefill/sequences.cuh"
 
 namespace flashkda::gpu {
-
-// Rows of a [B, T, H, D] activation (beta: D = 1): token row r = b * T + t starts at element
-// b * batch + t * token + h * head. Dense tensors have batch = T*H*D, token = H*D, head = D.
-struct ActivationView {
-  const uint16_t* data;  // bf16 bits
-  int64_t batch, token, head;
-  int64_t rows_per_batch;  // T
-
-  __device__ __forceinline__ const uint16_t* row(int64_t r, int h) const {
-    return data + (r / rows_per_batch) * batch + (r % rows_per_batch) * token + h * head;
-  }
-};
 
 struct RecurrentParams {
   ActivationView q, k, v, g, beta;  // q, k, g: D = 128; v: D = 128; beta: D = 1

@@ -18,14 +18,28 @@ namespace {
 // second pass. Beyond it the chunked prefill's tensor-core chunks win.
 constexpr int64_t kDecodeTokensPerSequence = 8;
 
+// The chunked prefill reads q, k, g with 16-byte loads and v through a tensor map of token rows
+// (token stride, head stride): a strided view qualifies when its rows are 16-byte aligned, its
+// heads lie within a token's row (the tensor map's strides grow outwards) and, with several
+// batch rows, these are evenly spaced (a [B, T] view is then one run of B T token rows). beta is
+// read element by element, any strides. Other views take the recurrent kernel.
+bool chunked_reads_rows(const Problem& p) {
+  auto ok = [&](const uint16_t* data, const RowStrides& s) {
+    if (s.dense) return true;
+    const ActivationView a = activation_view(data, s, p, 128);  // strides of size-1 dimensions normalised
+    return reinterpret_cast<uintptr_t>(data) % 16 == 0 && a.batch % 8 == 0 && a.token % 8 == 0 && a.head % 8 == 0 &&
+           a.head >= 128 && a.token >= p.H * a.head && a.batch == p.T * a.token;
+  };
+  return ok(p.q, p.q_rows) && ok(p.k, p.k_rows) && ok(p.v, p.v_rows) && ok(p.g, p.g_rows);
+}
+
 // The first feature of `p` the chunked prefill does not implement yet, as the error a forced
 // chunked run gives; nullptr when it takes the problem.
 const char* chunked_prefill_lacks(const Problem& p) {
   if (p.token_state_indices) return "token_state_indices: the chunked prefill does not write per-token states";
-  if (p.state_layout != StateLayout::kVK)
-    return "state_layout: the chunked prefill does not implement the K-major state layout yet";
-  for (const RowStrides* rows : {&p.q_rows, &p.k_rows, &p.v_rows, &p.g_rows, &p.beta_rows})
-    if (!rows->dense) return "q, k, v, g, beta: the chunked prefill does not read strided views yet";
+  if (!chunked_reads_rows(p))
+    return "q, k, v, g: the chunked prefill reads strided views only with 16-byte aligned rows, strides in "
+           "multiples of 8 elements, the heads within a token's row and the batch rows evenly spaced";
   return nullptr;
 }
 
@@ -38,17 +52,6 @@ int forced_kernels() {
   if (std::strcmp(forced, "recurrent") == 0) return static_cast<int>(CudaPlan::Kernels::kRecurrent);
   fail(ErrorCode::kInvalidArgument, "FLASHKDA_CUDA_KERNELS: expected 'chunked', 'recurrent' or 'auto', got '", forced,
        "'");
-}
-
-// Rows of a [B, T, H, d] activation as the kernel indexes them (strides in elements).
-ActivationView activation_view(const uint16_t* data, const RowStrides& s, const Problem& p, int64_t d) {
-  ActivationView a{data, s.batch, s.token, s.head, p.T > 0 ? p.T : 1};
-  if (s.dense) {
-    a.batch = p.T * p.H * d;
-    a.token = p.H * d;
-    a.head = d;
-  }
-  return a;
 }
 
 // Every row of q, k, v, g starts 8-byte aligned (4 bf16 columns at a time).

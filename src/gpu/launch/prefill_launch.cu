@@ -98,8 +98,9 @@ int segments_fitting(int64_t blocks, int64_t slots) { return static_cast<int>((s
 
 SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   // The stitch writes the final state where the host says, and a pool's slot is device data;
-  // checkpoints are written by the chain that holds the state at their chunk boundary.
-  if (p.N != 1 || p.state_indices || p.checkpoint_offsets) return {};
+  // checkpoints are written by the chain that holds the state at their chunk boundary; the stitch
+// writes V-major states.
+  if (p.N != 1 || p.state_indices || p.checkpoint_offsets || p.state_layout != StateLayout::kVK) return {};
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (forced == 0) return {};
   SplitChoice choice;
@@ -135,6 +136,7 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
 // that the split pass does not take, for the tests).
 bool use_persistent(const Problem& p, StateConfig c, int sms) {
   if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
+  if (p.state_layout != StateLayout::kVK) return false;  // it stages V-major rows of the initial state
   if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
@@ -186,11 +188,13 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
   if (p.total_tokens > 0) {
     auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
-    PrepParams prep{p.q, p.k, p.g, p.beta, p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
+    PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
+                    activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
-  StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, kChunk),
+  const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
+  StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk),
                     records,
                     static_cast<int>(p.H),
                     seqs,
@@ -201,6 +205,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     state_slot_table(p),
                     checkpoint_table(p),
                     p.out};
+  state.k_major = p.state_layout == StateLayout::kKV;
   if (persistent) {  // the prep kernel above zeroed the counter
     state.item_counter = reinterpret_cast<unsigned long long*>(after_records);
     launch_state_persistent(state, plan.multiprocessors, stream);

@@ -5,16 +5,15 @@
 
 #include <cstdint>
 
+#include "gpu/common/activation_view.cuh"
 #include "gpu/common/state_slots.cuh"
 #include "gpu/prefill/sequences.cuh"
 
 namespace flashkda::gpu {
 
 struct PrepParams {
-  const uint16_t* q;     // [total, H, 128] bf16
-  const uint16_t* k;     // [total, H, 128]
-  const uint16_t* g;     // [total, H, 128]
-  const uint16_t* beta;  // [total, H]
+  ActivationView q, k, g;  // [total, H, 128] bf16, any strides of 8 elements (16-byte loads)
+  ActivationView beta;     // [total, H], any strides
   const float* A_log;    // [H]
   const float* dt_bias;  // [H, 128]
   float lower_bound;     // the safe gate's bound (unused by the softplus gate)
@@ -62,6 +61,7 @@ struct StateParams {
   uint16_t* out;               // [total, H, 128] bf16
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
+  bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
 };
 
 // Y = Z + X M (or X M^T) for rows of per-head [rows, 128] X, Z, Y and a per-head [128, 128] M;

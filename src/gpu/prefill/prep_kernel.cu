@@ -15,8 +15,9 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Finds the chunk a slot holds: its first token and token count (0 for an unused slot).
-__device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& t0, int& count) {
+// Finds the chunk a slot holds: its sequence, first token and token count (0 for an unused slot).
+__device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& seq, int64_t& t0,
+                                            int& count) {
   int64_t lo = 0, hi = seqs.num_seqs - 1;  // largest n with first_slot(n) <= slot
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
@@ -25,6 +26,7 @@ __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t s
   }
   int64_t bos, eos;
   seqs.bounds(lo, bos, eos);
+  seq = lo;
   const int64_t chunk = slot - seqs.first_slot(lo, bos);
   t0 = bos + chunk * kChunk;
   count = (chunk < 0 || t0 >= eos) ? 0 : static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
@@ -135,27 +137,32 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int h = blockIdx.y;
   // The persistent state pass that follows in the stream counts its items from zero.
   if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) *p.item_counter = 0;
-  int64_t t0;
+  int64_t seq, t0;
   int count;
-  locate_slot(p.seqs, slot, t0, count);
+  locate_slot(p.seqs, slot, seq, t0, count);
   if (count == 0) return;  // uniform over the block
 
   __shared__ __align__(128) PrepSmem sm;
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
-  const int H = p.num_heads;
 
   // Phase 1: the chunk's q, k, g rows into shared memory with 16-byte loads (rows past the
   // sequence end are zero), beta's sigmoid (0 for padding: those tokens then change nothing).
+  // The rows are read through their strides; a chunk never leaves its batch row (the sequence's
+  // own row in the [B, T] form, the one row of a packed batch).
   {
-    const uint16_t* src[3] = {p.q, p.k, p.g};
+    const int64_t batch_row = p.seqs.cu_seqlens ? 0 : seq;
+    const ActivationView* views[3] = {&p.q, &p.k, &p.g};
+    const uint16_t* src[3];
+#pragma unroll
+    for (int m = 0; m < 3; ++m) src[m] = views[m]->row_in_batch(batch_row, t0, h);
     uint4 x[3][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
-      const int64_t offset = ((t0 + row) * H + h) * kHeadDim + seg * 8;
 #pragma unroll
       for (int m = 0; m < 3; ++m)
-        x[m][r] = row < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + offset)) : make_uint4(0, 0, 0, 0);
+        x[m][r] = row < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + row * views[m]->token + seg * 8))
+                              : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -189,7 +196,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
         sm.rnorm[kChunk + row] = rsqrtf(ss[1][r] + 1e-6f);
       }
     if (c < kChunk) {
-      const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(p.beta) + (t0 + c) * H + h)) : 0.0f;
+      const uint16_t* beta = p.beta.row_in_batch(batch_row, t0, h) + c * p.beta.token;
+      const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(beta))) : 0.0f;
       sm.beta[c] = c < count ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * b)) : 0.0f;
     }
   }

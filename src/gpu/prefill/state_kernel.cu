@@ -45,12 +45,14 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // a_t[s - 1]). The 2S - 1 chains take 1/S of the steps and run at once; the stitch kernel
 // combines them.
 //
-// kCheckpoints: the run stops at the chunk boundaries that prefix checkpoints ask for and stores
-// the state there. A kernel of its own: any checkpoint code in or beside the chunk loop of the
-// plain kernel (a check per chunk, or a second copy of the loop) cost P1, P3 and P7 3-8%.
-template <int VW, int KS, int STAGES, bool kSplit, bool kCheckpoints = false>
+// kServing: the serving features the plain kernel leaves out, checked at run time: the run stops
+// at the chunk boundaries that prefix checkpoints ask for and stores the state there, and states
+// and checkpoints may be K-major (p.k_major). A kernel of its own: any checkpoint code in or
+// beside the chunk loop of the plain kernel (a check per chunk, or a second copy of the loop)
+// cost P1, P3 and P7 3-8%.
+template <int VW, int KS, int STAGES, bool kSplit, bool kServing = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
-  static_assert(!(kSplit && kCheckpoints), "checkpoint calls never take the split pass");
+  static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -117,11 +119,17 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t initial_row0 = (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
   float acc[kTiles][4];
-  if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
+  const bool k_major = kServing && p.k_major;
+  if (k_major) load_state<kTiles, true>(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
+  else if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
   else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity(acc, vbase, col0, lane);
 
-  if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, n, h, H, 0, vbase, col0, lane);
+  auto checkpoints = [&](int64_t tokens) {
+    if (k_major) write_checkpoints<kTiles, true>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
+    else write_checkpoints(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
+  };
+  if constexpr (kServing) checkpoints(0);
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
@@ -141,11 +149,11 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
         parity ^= 1;
       }
     };
-    if constexpr (kCheckpoints) {
+    if constexpr (kServing) {
       for (int c = c_begin; c < c_end;) {
         const int stop = p.checkpoints.next_boundary(n, c, c_end, kChunk);
         for (; c < stop; ++c) step(c);
-        write_checkpoints(p.checkpoints, acc, n, h, H, int64_t{stop} * kChunk, vbase, col0, lane);
+        checkpoints(int64_t{stop} * kChunk);
       }
     } else {
       for (int c = c_begin; c < c_end; ++c) step(c);
@@ -162,26 +170,27 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
                                        : p.split.b_t + (segment - 1) * state_elems;
     store_state(acc, final_state, true, state_row0, col0, lane);
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
-    store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, col0,
-                lane);
+    const int64_t final_row0 = (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
+    if (k_major) store_state<kTiles, true>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
+    else store_state(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
   }
 }
 
-template <int VW, int KS, int STAGES, bool kSplit, bool kCheckpoints = false>
+template <int VW, int KS, int STAGES, bool kSplit, bool kServing = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  if constexpr (!kSplit && !kCheckpoints) {
-    if (p.checkpoints.count > 0) return launch_state_config<VW, KS, STAGES, false, true>(p, stream);
+  if constexpr (!kSplit && !kServing) {
+    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, STAGES, false, true>(p, stream);
   }
   constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
   static_assert(kSmem <= kMaxBlockSmem, "the stages must fit one block's shared memory");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit, kCheckpoints>,
+    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit, kServing>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, STAGES, kSplit, kCheckpoints><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, STAGES, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
@@ -191,6 +200,8 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
   // multiprocessor that the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages;
   // 4x1 and the compact split: two blocks, 3).
   if (p.split.segments > 0) {  // the segment-parallel form runs the few-heads layouts
+    if (p.k_major || p.checkpoints.count > 0)
+      fail(ErrorCode::kInternal, "state kernel: the split pass takes neither K-major states nor checkpoints");
     const bool two_by_two = config.value_slices == 2 && config.key_parts == 2;
     if (!two_by_two && (config.value_slices != 1 || config.key_parts != 4))
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 and 2x2 layouts only");

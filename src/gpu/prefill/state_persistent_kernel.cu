@@ -181,6 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 }  // namespace
 
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
+  if (p.k_major) fail(ErrorCode::kInternal, "persistent state kernel: K-major states take the per-item pass");
   const auto kernel = p.checkpoints.count > 0 ? state_persistent_kernel<true> : state_persistent_kernel<false>;
   static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
   raised[p.checkpoints.count > 0].run("persistent state kernel: setting its shared memory size", [&] {

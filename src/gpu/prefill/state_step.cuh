@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "common/bf16.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
@@ -31,10 +32,41 @@ __device__ __forceinline__ void for_each_state_pair(int64_t row0, int col0, int 
     for (int r = 0; r < 2; ++r) fn(nt, r, (row0 + g + 8 * r) * kHeadDim + col0 + nt * 8 + 2 * t4);
 }
 
+// The same pairs in a K-major state ([.., 128 k, 128 v] per head; row0 = head row0 + v offset):
+// elements idx and idx + 128 (the pair's two key channels are rows of their own).
+template <int kTiles, typename Fn>
+__device__ __forceinline__ void for_each_state_pair_k_major(int64_t row0, int col0, int lane, Fn&& fn) {
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t head = (row0 / kHeadDim) * kHeadDim * kHeadDim;
+  const int v0 = static_cast<int>(row0 % kHeadDim);
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) fn(nt, r, head + int64_t{col0 + nt * 8 + 2 * t4} * kHeadDim + v0 + g + 8 * r);
+}
+
 // Loads this lane's part of the state slice as C fragments (zeros without an initial state).
-template <int kTiles>
+// kKMajor: the state is stored K-major (two scalar loads a pair; once a sequence).
+template <int kTiles, bool kKMajor = false>
 __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
                                            int col0, int lane) {
+  if constexpr (kKMajor) {
+    for_each_state_pair_k_major<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+      float x = 0.0f, y = 0.0f;
+      if (state) {
+        if (f32) {
+          x = __ldg(static_cast<const float*>(state) + idx);
+          y = __ldg(static_cast<const float*>(state) + idx + kHeadDim);
+        } else {
+          x = bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(state) + idx));
+          y = bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(state) + idx + kHeadDim));
+        }
+      }
+      acc[nt][2 * r] = x;
+      acc[nt][2 * r + 1] = y;
+    });
+    return;
+  }
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
     float2 x = make_float2(0.0f, 0.0f);
     if (state) {
@@ -46,9 +78,21 @@ __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* 
   });
 }
 
-template <int kTiles>
+template <int kTiles, bool kKMajor = false>
 __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
                                             int col0, int lane) {
+  if constexpr (kKMajor) {
+    for_each_state_pair_k_major<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+      if (f32) {
+        static_cast<float*>(state)[idx] = acc[nt][2 * r];
+        static_cast<float*>(state)[idx + kHeadDim] = acc[nt][2 * r + 1];
+      } else {
+        static_cast<uint16_t*>(state)[idx] = float_to_bf16(acc[nt][2 * r]);
+        static_cast<uint16_t*>(state)[idx + kHeadDim] = float_to_bf16(acc[nt][2 * r + 1]);
+      }
+    });
+    return;
+  }
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
     if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
     else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
@@ -56,12 +100,12 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
 }
 
 // This lane's part of the state after `tokens` tokens of sequence n into every checkpoint entry
-// asking for it (fp32, V-major [N, C, H, 128, 128]).
-template <int kTiles>
+// asking for it (fp32 [N, C, H, 128, 128], in the states' layout).
+template <int kTiles, bool kKMajor = false>
 __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, const float (&acc)[kTiles][4], int64_t n,
                                                   int h, int num_heads, int64_t tokens, int vbase, int col0, int lane) {
   t.at(n, tokens, [&](int64_t entry) {
-    store_state(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
+    store_state<kTiles, kKMajor>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
   });
 }
 
