@@ -87,9 +87,14 @@ INSTANTIATE_TEST_SUITE_P(Tokens, GpuDecodeTokens, ::testing::Range(1, 9));
 
 // An engine's decode loop: one captured graph, replayed with new slot indices and new inputs
 // copied into the same buffers; each replay matches the oracle, slots not addressed keep their
-// bytes. (Capture skips the host check of the indices: the kernel's guards apply.)
-TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
+// bytes. (Capture skips the host check of the indices: the kernel's guards apply.) An fp32 pool
+// runs the general recurrent kernel, a bf16 pool its single-token form.
+class GpuDecodeGraph : public GpuDecode, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {
   constexpr int64_t N = 6, H = 2, D = 128, P = 20;
+  const DType dtype = GetParam();
+  const size_t es = dtype == DType::kF32 ? 4 : 2;  // bytes an element
   ProblemSpec spec;
   spec.B = N, spec.T = 1, spec.H = H;
   spec.init = InitState::kNone;
@@ -100,14 +105,22 @@ TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
 
   std::mt19937 rng(71);
   std::normal_distribution<float> normal;
-  std::vector<float> pool(static_cast<size_t>(P * H * D * D));
-  for (float& x : pool) x = normal(rng);
-  float* d_pool = to_device(pool);
+  const size_t per_request = static_cast<size_t>(H * D * D);
+  std::vector<uint8_t> pool(static_cast<size_t>(P) * per_request * es);
+  for (size_t e = 0; e < pool.size() / es; ++e) {
+    const float x = normal(rng);
+    if (dtype == DType::kF32) std::memcpy(pool.data() + 4 * e, &x, 4);
+    else {
+      const uint16_t b = float_to_bf16(x);
+      std::memcpy(pool.data() + 2 * e, &b, 2);
+    }
+  }
+  uint8_t* d_pool = to_device(pool);
   std::vector<int32_t> idx(N);
   int32_t* d_idx = to_device(idx);
 
   ForwardArgs a = dev.args();
-  a.initial_state = a.final_state = make_tensor(d_pool, DType::kF32, P, H, D, D);
+  a.initial_state = a.final_state = make_tensor(d_pool, dtype, P, H, D, D);
   a.state_indices = make_tensor(d_idx, DType::kI32, N);
   ASSERT_EQ(forward_workspace_size(a), 0u) << "decode needs no workspace";
 
@@ -121,7 +134,7 @@ TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
   check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
   for (int round = 0; round < 3; ++round) {
-    SCOPED_TRACE(::testing::Message() << "replay " << round);
+    SCOPED_TRACE(::testing::Message() << "replay " << round << ", " << dtype_name(dtype) << " pool");
     std::vector<int32_t> slots(P);
     std::iota(slots.begin(), slots.end(), 0);
     std::shuffle(slots.begin(), slots.end(), rng);
@@ -131,22 +144,21 @@ TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
     check_cuda(cudaMemcpy(d_idx, idx.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice), "indices");
     check_cuda(cudaMemcpy(const_cast<uint16_t*>(dev.problem().q), host.q.data(), host.q.size() * 2,
                           cudaMemcpyHostToDevice), "q");
-    const std::vector<float> before = to_host(d_pool, pool.size());
+    const std::vector<uint8_t> before = to_host(d_pool, pool.size());
     check_cuda(cudaMemset(dev.problem().out, 0xFF, host.out_size() * 2), "poison out");
     check_cuda(cudaGraphLaunch(exec, stream), "replay");
     check_cuda(cudaStreamSynchronize(stream), "replay");
 
     Problem ref = host.problem();
     ref.initial_state = before.data();
-    ref.initial_state_dtype = DType::kF32;
+    ref.initial_state_dtype = dtype;
     ref.initial_slots = ref.final_slots = P;
     ref.state_indices = idx.data();
     ref.state_indices_dtype = DType::kI32;
-    std::vector<double> ref_out(host.out_size()), ref_state(static_cast<size_t>(N * H * D * D));
+    std::vector<double> ref_out(host.out_size()), ref_state(static_cast<size_t>(N) * per_request);
     oracle_forward(ref, ref_out.data(), ref_state.data());
     const std::vector<uint16_t> out = to_host(dev.problem().out, host.out_size());
-    const std::vector<float> after = to_host(d_pool, pool.size());
-    const size_t per_request = static_cast<size_t>(H * D * D);
+    const std::vector<uint8_t> after = to_host(d_pool, pool.size());
     for (int64_t n = 0; n < N; ++n) {
       const size_t rows = static_cast<size_t>(H * D);
       if (idx[n] < 0) {
@@ -155,12 +167,15 @@ TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
       }
       std::vector<double> o(ref_out.begin() + n * rows, ref_out.begin() + (n + 1) * rows);
       EXPECT_LE(rel_error(o.data(), out.data() + n * rows, rows), kBar) << "out of request " << n;
-      EXPECT_LE(rel_error(ref_state.data() + n * per_request, after.data() + idx[n] * per_request, per_request), kBar)
+      EXPECT_LE(rel_error(ref_state.data() + n * per_request, after.data() + idx[n] * per_request * es, dtype,
+                          per_request),
+                kBar)
           << "state of request " << n;
     }
     for (int64_t s = 0; s < P; ++s)
       if (std::find(idx.begin(), idx.end(), s) == idx.end())
-        EXPECT_EQ(0, std::memcmp(before.data() + s * per_request, after.data() + s * per_request, per_request * 4))
+        EXPECT_EQ(0, std::memcmp(before.data() + s * per_request * es, after.data() + s * per_request * es,
+                                 per_request * es))
             << "slot " << s << " is not addressed but changed";
   }
   cudaGraphExecDestroy(exec);
@@ -169,6 +184,11 @@ TEST_F(GpuDecode, CapturedGraphReplaysWithNewSlotsAndInputs) {
   cudaFree(d_pool);
   cudaFree(d_idx);
 }
+
+INSTANTIATE_TEST_SUITE_P(PoolDtypes, GpuDecodeGraph, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(info.param == DType::kF32 ? "fp32" : "bf16");
+                         });
 
 // Indices nobody checked (SeqlenCheck::kDeviceGuardsOnly): a slot outside the pool is skipped
 // in the kernel, never read or written out of bounds (compute-sanitizer runs this); with the
