@@ -87,8 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Tokens, GpuDecodeTokens, ::testing::Range(1, 9));
 
 // An engine's decode loop: one captured graph, replayed with new slot indices and new inputs
 // copied into the same buffers; each replay matches the oracle, slots not addressed keep their
-// bytes. (Capture skips the host check of the indices: the kernel's guards apply.) An fp32 pool
-// runs the general recurrent kernel, a bf16 pool its single-token form.
+// bytes. (Capture skips the host check of the indices: the kernel's guards apply.) Both pool
+// dtypes: an engine keeps either.
 class GpuDecodeGraph : public GpuDecode, public ::testing::WithParamInterface<DType> {};
 
 TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {

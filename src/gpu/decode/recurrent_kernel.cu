@@ -18,7 +18,6 @@
 #include "api/validate.h"
 #include "gpu/decode/recurrent_params.h"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/cp_async.cuh"
 #include "gpu/ptx/fast_math.cuh"
 
 namespace flashkda::gpu {
@@ -323,139 +322,6 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
                   p.final_bf16, v0, kl);
 }
 
-// One token a sequence ([N, 1] rows) on bf16 V-major states: the decode step of a bf16 pool.
-// A streaming problem whose rate is the bytes in flight. In the general kernel a lane's packed
-// bf16 tile is 32 of its 128 registers, so a multiprocessor keeps 64 KB of state loads in flight
-// (an fp32 tile: 128 KB), and D2 reached 77% of the copy bandwidth against D1's 86%. Here the
-// tile goes to shared memory with cp.async (each thread copies what it alone reads back: no
-// barrier), 32 KB a block of 128 threads that is a whole head, five blocks a multiprocessor:
-// 160 KB in flight, and registers no longer bound it. A lane takes 8 value rows x 16 key
-// columns and widens, updates and stores one row at a time (with a single token the fp32 state
-// never outlives its row). The arithmetic is the general kernel's, in the same order.
-constexpr int kWideRows = 8;  // value rows a lane takes here
-
-struct SingleTokenSmem {
-  uint2 tile[kWideRows][4][128];  // [row j][run i][thread]: columns kl * 4 + 32 i .. + 3 of row v0 + j
-  struct {
-    float4 q[32], k[32], decay[32];  // the token's prep, made by warp 0 (a lane 4 of the 128 columns)
-  } prep;
-};
-
-__global__ void __launch_bounds__(128) single_token_bf16_kernel(const RecurrentParams p) {
-  const int64_t n = blockIdx.x / p.num_heads;
-  const int h = static_cast<int>(blockIdx.x % p.num_heads);
-  const int tid = threadIdx.x, lane = tid % 32, kl = lane % kLanesPerRow;
-  const int v0 = (tid / kLanesPerRow) * kWideRows;
-
-  const int64_t start = p.slots.start(n);
-  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
-  const int64_t final_slot = p.slots.final_slot(n, start);
-  int64_t bos, eos;
-  p.seqs.bounds(n, bos, eos);
-  const bool token = eos > bos;  // [N, 1] rows: one token, or none in a clamped unchecked table
-
-  __shared__ SingleTokenSmem sm;
-  if (p.initial_state) {
-    const auto* initial = static_cast<const uint16_t*>(p.initial_state) + (start * p.num_heads + h) * int64_t{kStateElems};
-#pragma unroll
-    for (int j = 0; j < kWideRows; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) ptx::cp_async_8(&sm.tile[j][i][tid], initial + (v0 + j) * kDim + kl * 4 + 32 * i);
-  }
-  auto row_pairs = [&](int j, int i) { return p.initial_state ? sm.tile[j][i][tid] : make_uint2(0, 0); };
-  auto* final = p.final_state && final_slot >= 0
-                    ? static_cast<uint16_t*>(p.final_state) + (final_slot * p.num_heads + h) * int64_t{kStateElems}
-                    : nullptr;
-  auto store_row = [&](int j, int i, uint2 pairs) {
-    if (final) __stcs(reinterpret_cast<uint2*>(final + (v0 + j) * kDim + kl * 4 + 32 * i), pairs);
-  };
-
-  if (!token) {
-    ptx::cp_async_wait_all();
-#pragma unroll
-    for (int j = 0; j < kWideRows; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) store_row(j, i, row_pairs(j, i));
-    return;
-  }
-
-  auto& prep = sm.prep;
-  if (tid < 32) {  // this lane's 4 columns of the token's prep, as in recurrent_kernel
-    const TokenInputs x = load_token(p, bos, h, 0, lane);
-    const float exp_a_log = expf(__ldg(p.A_log + h));
-    float q[4], k[4], g[4];
-    unpack4(x.q, q);
-    unpack4(x.k, k);
-    unpack4(x.g, g);
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      sq = fmaf(q[e], q[e], sq);
-      sk = fmaf(k[e], k[e], sk);
-    }
-    warp_sum2(sq, sk);
-    const float rq = rsqrtf(sq + 1e-6f) * p.scale, rk = rsqrtf(sk + 1e-6f);
-    prep.q[lane] = make_float4(q[0] * rq, q[1] * rq, q[2] * rq, q[3] * rq);
-    prep.k[lane] = make_float4(k[0] * rk, k[1] * rk, k[2] * rk, k[3] * rk);
-    float d[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      d[e] = decay(g[e] + __ldg(p.dt_bias + h * kDim + 4 * lane + e), exp_a_log, p.lower_bound, p.softplus_gate);
-    prep.decay[lane] = make_float4(d[0], d[1], d[2], d[3]);
-  }
-  const float beta = sigmoid(__uint_as_float(uint32_t(*p.beta.row(bos, h)) << 16));
-  const uint2 v_raw[2] = {load4(p.v.row(bos, h) + v0, p.vector_loads), load4(p.v.row(bos, h) + v0 + 4, p.vector_loads)};
-  ptx::cp_async_wait_all();
-  __syncthreads();  // the prep is written (and, out aliasing an input, every lane has read its token)
-
-  uint32_t o_pairs[4];
-  float o_even = 0.f;
-#pragma unroll
-  for (int j = 0; j < kWideRows; ++j) {
-    const float2 vj2 = ptx::unpack_bf16x2(j < 4 ? (j < 2 ? v_raw[0].x : v_raw[0].y) : (j < 6 ? v_raw[1].x : v_raw[1].y));
-    const float vj = j % 2 ? vj2.y : vj2.x;
-    // Row j in two sweeps over its 16 columns, each widening and decaying the packed row again
-    // (S' = Diag(exp(a)) S, the same products both times): a row then holds no array of registers,
-    // so the rows the scheduler overlaps cost few.
-    auto column_run = [&](int i, float (&x)[4], float (&kn)[4]) {
-      const float4 kv = prep.k[kl + 8 * i], d = prep.decay[kl + 8 * i];
-      const uint2 raw = row_pairs(j, i);
-      const float2 a = ptx::unpack_bf16x2(raw.x), b = ptx::unpack_bf16x2(raw.y);
-      x[0] = a.x * d.x, x[1] = a.y * d.y, x[2] = b.x * d.z, x[3] = b.y * d.w;
-      kn[0] = kv.x, kn[1] = kv.y, kn[2] = kv.z, kn[3] = kv.w;
-    };
-    float pred = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float x[4], kn[4];
-      column_run(i, x, kn);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pred = fmaf(x[e], kn[e], pred);
-    }
-    const float u = beta * (vj - row_sum(pred));  // beta (v - S'^T k)
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float x[4], kn[4];
-      column_run(i, x, kn);
-      const float4 q = prep.q[kl + 8 * i];
-      const float qc[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        x[e] = fmaf(u, kn[e], x[e]);
-        acc = fmaf(x[e], qc[e], acc);
-      }
-      store_row(j, i, make_uint2(ptx::pack_bf16x2(x[0], x[1]), ptx::pack_bf16x2(x[2], x[3])));
-    }
-    const float oj = row_sum(acc);
-    if (j % 2 == 0) o_even = oj;
-    else o_pairs[j / 2] = ptx::pack_bf16x2(o_even, oj);
-  }
-  if (kl == 0)  // the block is the whole head, and every lane read its token before the barrier above
-    *reinterpret_cast<uint4*>(p.out + (bos * p.num_heads + h) * int64_t{kDim} + v0) =
-        make_uint4(o_pairs[0], o_pairs[1], o_pairs[2], o_pairs[3]);
-}
-
 }  // namespace
 
 namespace {
@@ -468,22 +334,10 @@ void launch(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
                                                  : recurrent_kernel<StateLayout::kKV, kWarps>;
   kernel<<<static_cast<unsigned>(blocks), Shape::kThreads, 0, stream>>>(p);
 }
-
-// [N, 1] rows (the shape says one token a sequence), bf16 V-major states, nothing written per
-// token or at checkpoints: the decode step of a bf16 pool.
-bool single_token_bf16(const RecurrentParams& p, StateLayout layout) {
-  return layout == StateLayout::kVK && !p.seqs.cu_seqlens && p.seqs.fixed_len == 1 &&
-         (!p.initial_state || p.initial_bf16) && (!p.final_state || p.final_bf16) && !p.token_indices.data &&
-         p.checkpoints.count == 0;
-}
-
 }  // namespace
 
 void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
-  if (single_token_bf16(p, layout)) {
-    if (const int64_t blocks = p.seqs.num_seqs * p.num_heads; blocks > 0)
-      single_token_bf16_kernel<<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p);
-  } else if (p.out_aliases_input) launch<8>(p, layout, stream);
+  if (p.out_aliases_input) launch<8>(p, layout, stream);
   else launch<4>(p, layout, stream);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
     fail(ErrorCode::kCudaError, "launching the recurrent kernel: ", cudaGetErrorString(err));
