@@ -193,14 +193,13 @@ def forward(
             were. ``initial_state`` is required with it; ``output_final_state`` is then
             ignored: the pool is the output, returned as ``final_state``. Indices outside the
             pool, two sequences writing one slot, and a slot written by one sequence and read by
-            another are refused (``ValueError``). On CUDA tensors V-major pools run on the
-            chunked prefill; not for JAX arrays (immutable: ``TypeError``).
+            another are refused (``ValueError``). On CUDA tensors pools run on the chunked
+            prefill (decode-shaped calls on the recurrent kernel); not for JAX arrays (immutable: ``TypeError``).
         final_state_indices: optional int64 or int32 ``[N]`` (needs ``state_indices``): the slot
             of the pool each sequence's final state goes to; negative: not written.
         state_layout: ``"vk"`` (default): states are V-major ``[.., V, K]``; ``"kv"``: K-major
             ``[.., K, V]`` (fla's recurrent layout), for the pool, ``initial_state`` and the
-            ``final_state`` allocated here alike. On CUDA ``"kv"`` runs on the recurrent kernel
-            (per-token speed for long prompts).
+            ``final_state`` allocated here alike.
         checkpoint_offsets: optional int64 or int32 ``[N, C]``: prefix checkpoints. Entry
             ``[n, c] = t`` asks for the state of sequence ``n`` after its first ``t`` tokens, equal
             (bit for bit, on the same backend) to the final state of a prefill of those ``t``

@@ -5,7 +5,8 @@ from the same initial state, and the fp64 oracle's within the bar; offsets 0, a 
 length, repeated, int64 and int32; unused (negative) entries left as they were; both state
 layouts; with state pools; forward's third value; the refusals, each naming its argument;
 torch.compile(fullgraph=True), opcheck and FakeTensorMode; JAX refused; workspace= ignored on the
-CPU; on CUDA (the recurrent kernel) bit for bit against prefix prefills on the same kernel."""
+CPU; on CUDA (the chunked prefill and the recurrent kernel) bit for bit against prefix prefills on
+the same kernels."""
 
 import inspect
 import re
@@ -514,7 +515,7 @@ def test_fake_tensor_mode_gives_checkpoint_shapes():
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA: workspace= is used and checked; checkpoints on the recurrent kernel
+# CUDA: workspace= is used and checked; checkpoints on the chunked prefill and the recurrent kernel
 
 def _cuda_call(p, **kw):
     out = torch.full((1, sum(LENGTHS), H, K), OUT_SENTINEL, dtype=torch.bfloat16, device="cuda")
@@ -568,11 +569,14 @@ def test_cuda_workspace_is_used_and_checked():
 @needs_cuda[0]
 @needs_cuda[1]
 @pytest.mark.parametrize("layout", ["vk", "kv"])
-def test_cuda_checkpoints_equal_prefix_prefills_on_the_recurrent_kernel(layout, monkeypatch):
-    """On CUDA, calls with checkpoints run on the recurrent kernel (the chunked prefill does not
-    write them yet); forced onto it, the prefix prefills give the checkpoints bit for bit, and
-    both are within the bar of the oracle."""
-    monkeypatch.setenv("FLASHKDA_CUDA_KERNELS", "recurrent")
+@pytest.mark.parametrize("kernels", ["chunked", "recurrent"])
+def test_cuda_checkpoints_equal_prefix_prefills(kernels, layout, monkeypatch):
+    """On CUDA, forced onto one kind of kernel (the chunked prefill with one state-pass layout for
+    every call, unsplit: a prefix prefill of one sequence would otherwise take another), the prefix
+    prefills give the checkpoints bit for bit, and both are within the bar of the oracle."""
+    monkeypatch.setenv("FLASHKDA_CUDA_KERNELS", kernels)
+    monkeypatch.setenv("FLASHKDA_STATE_CONFIG", "8x1")
+    monkeypatch.setenv("FLASHKDA_SPLIT", "0")
     p = problem(140 + LAYOUTS[layout])
     init = in_layout(p["initial_state"], layout)
     _, _, ckpt = fwd_with_checkpoints(p, "cuda", layout, init, OFFSETS)

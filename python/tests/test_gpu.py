@@ -149,7 +149,7 @@ def test_cuda_errors():
     p = cuda_problem(T=32, state="float32")
     with pytest.raises(ValueError, match=re.escape("A_log: is on cpu but q is on cuda:0")):
         run_forward(dict(p, A_log=p["A_log"].cpu()))
-    # The softplus gate runs (on the recurrent kernel, the chunked prefill does not take it yet).
+    # The softplus gate runs (on the chunked prefill).
     out, final_state = run_forward(p, gate="softplus", output_final_state=True)
     check_against_oracle(p, out, final_state, gate="softplus")
     with pytest.raises(TypeError, match=re.escape("v: expected dtype bfloat16, got float16")):
