@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
-#   PREBUILT=dir  use dir/test_{prefill,decode,serving}_gpu and dir/flashkda instead of building
+#   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma}_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
 #                without build isolation: the GPU machine has no index to fetch the build
@@ -65,7 +65,7 @@ for step in $steps; do
       fi
       ;;
     tests)  # the chunked prefill, the recurrent kernel (decode), the serving suites on the device
-      for bin in test_prefill_gpu test_decode_gpu test_serving_gpu; do
+      for bin in test_prefill_gpu test_decode_gpu test_serving_gpu test_wgmma_gpu; do
         run_step "tests $bin" "$OUT/gpu-tests.log" "${TESTS_LIMIT:-300}" "$TEST_DIR/$bin" ${TEST_ARGS:-}
       done
       # The pool and checkpoint suites on the plan's own kernels (V-major: the chunked prefill), per-item
