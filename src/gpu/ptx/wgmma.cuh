@@ -34,6 +34,20 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// Pins registers for the compiler at this point (no instruction): accumulators and register A
+// operands fenced before wgmma_fence and after wgmma_wait keep the compiler from moving their
+// reads and writes into a wgmma pipeline stage, where ptxas would serialize the wgmmas.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
 // Makes shared memory written by ordinary stores visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
