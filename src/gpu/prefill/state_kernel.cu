@@ -99,15 +99,18 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   };
   if (warp == kWarps) {  // producer
     if (lane != 0) return;
-    StageRing<kStages> ring;
+    int s = 0;
+    uint32_t parity = 0;
     // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
     const bool zero_v = a_run;
     for (int c = c_begin; c < c_end; ++c) {
-      const int s = ring.stage;
-      if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], ring.parity ^ 1);  // released kStages ago
+      if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
       fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
-      ring.advance();
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
     }
     return;
   }
@@ -132,16 +135,19 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   auto run_chunks = [&](auto* out) {
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
-    StageRing<kStages> ring;
+    int s = 0;
+    uint32_t parity = 0;
     auto step = [&](int c) {
-      const int s = ring.stage;
-      ptx::mbarrier_wait_parity(&full[s], ring.parity);
+      ptx::mbarrier_wait_parity(&full[s], parity);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
       chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      ring.advance();
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
     };
     if constexpr (kServing) {
       for (int c = c_begin; c < c_end;) {

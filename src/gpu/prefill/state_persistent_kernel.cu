@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   __syncthreads();
 
   if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
-    StageRing<kStages> ring;
-    uint32_t fills = 0;
+    int s = 0;
+    uint32_t parity = 0, fills = 0;
     int64_t j = blockIdx.x;  // first item by block index, the rest from the shared counter
     for (uint32_t item = 0;; ++item) {
       // The consumers read the previous item's number and state before its first chunk step.
@@ -117,11 +117,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         const uint8_t* records =
             p.records + p.seqs.first_slot(j / H, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
         for (int c = 0; c < num_chunks; ++c, ++fills) {
-          const int s = ring.stage;
-          if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], ring.parity ^ 1);  // released kStages fills ago
+          if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
           fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
                      bos + int64_t{c} * kChunk);
-          ring.advance();
+          if (++s == kStages) {
+            s = 0;
+            parity ^= 1;
+          }
         }
         next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
       }
@@ -133,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   LaneOffsets offsets;
   offsets.init<kNTiles>(lane, 0);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  StageRing<kStages> ring;
+  int s = 0;
+  uint32_t parity = 0;
   float acc[kNTiles][4];
 #pragma unroll 1
   for (uint32_t item = 0;; ++item) {
@@ -150,13 +153,15 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
     if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
     auto step = [&](int c) {
-      const int s = ring.stage;
-      ptx::mbarrier_wait_parity(&full[s], ring.parity);
+      ptx::mbarrier_wait_parity(&full[s], parity);
       const int left = len - c * kChunk;
       chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
                     out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      ring.advance();
+      if (++s == kStages) {
+        s = 0;
+        parity ^= 1;
+      }
     };
     const int chunks = (len + kChunk - 1) / kChunk;
     if constexpr (kCheckpoints) {

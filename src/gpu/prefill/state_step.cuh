@@ -109,21 +109,6 @@ __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, cons
   });
 }
 
-// A position in a ring of kStages pipeline stages, and the phase parity of the stage's mbarriers
-// on the current lap (it flips each time the ring wraps). Producers wait on empty[stage] with
-// parity ^ 1 (the release of the previous lap), consumers on full[stage] with parity.
-template <int kStages>
-struct StageRing {
-  int stage = 0;
-  uint32_t parity = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      parity ^= 1;
-    }
-  }
-};
-
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void slice_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
