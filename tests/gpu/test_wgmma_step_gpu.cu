@@ -9,10 +9,9 @@
 // shared memory every step (no copies), so the time is the step's own, comparable to the 8x1
 // mma.sync step (1.34 us at P1, docs/perf-notes.md).
 //
-// Status (2026-12-01): written without device time left; not yet run. ptxas reports C7511 for
-// this kernel (the wgmmas serialized for want of registers for the wgmma pipeline), so the time
-// it prints is a pessimistic one until that is resolved (docs/perf-notes.md lists what was
-// tried). Run it alone: build/tests/gpu/test_wgmma_step_gpu.
+// Status (2026-12-01): written without device time left; not yet run on a GPU. ptxas compiles it
+// without serializing a wgmma (no C7511 / C7517 / C7519 with -Xptxas -v), 178 registers.
+// Run it alone: build/tests/gpu/test_wgmma_step_gpu.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -112,7 +111,11 @@ __global__ void __launch_bounds__(256, 1) wgmma_steps(const StepSmem* chunk, flo
 
   for (int step = 0; step < steps; ++step) {
     float x[8] = {}, o[8] = {}, wv[8] = {};  // written by the first product of each (scale-d false)
-    // Every A operand of a stage is formed before it starts (the D -> A reorders are renames).
+    // Every A operand of a group is formed (and pinned) before it starts. S^T's accumulator
+    // registers serve as A as they are; WV^T's (an m64n16 accumulator) must be copied into
+    // registers of their own before they feed the next product, or ptxas serializes every wgmma
+    // of the kernel (C7511): adding half a tf32 ulp makes the copy and rounds what the tensor
+    // cores then truncate.
     uint32_t as[16][4], av[2][4];  // S^T's by k-step; V^T's: (v row, t' = 8 st + t4 (+4))
 #pragma unroll
     for (int st = 0; st < 16; ++st) a_from_d(s, st, as[st]);
@@ -128,43 +131,51 @@ __global__ void __launch_bounds__(256, 1) wgmma_steps(const StepSmem* chunk, flo
     ptx::fence_operands(av[0]);
     ptx::fence_operands(av[1]);
     ptx::fence_operands(x);
-    ptx::fence_operands(o);
     ptx::fence_operands(wv);
     ptx::wgmma_fence();
 #pragma unroll
     for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(x, as[st], desc(sm.wk[st]), st > 0);
-#pragma unroll
-    for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], desc(sm.qe[st]), st > 0);
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       ptx::wgmma_tf32<16>(wv, av[st], desc(sm.w[0][st]), st > 0);
       ptx::wgmma_tf32<16>(wv, av[st], desc(sm.w[1][st]), true);
     }
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(x);
+    // O's products on S^T as a group of their own, issued while the first runs (two
+    // accumulators on the same A registers in one group make ptxas inject warpgroup waits,
+    // C7517 / C7519).
     ptx::fence_operands(o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], desc(sm.qe[st]), st > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // X and WV are done; O may still run
+    ptx::fence_operands(x);
     ptx::fence_operands(wv);
 
     float u[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) u[i] = wv[i] - x[i];
+    uint32_t aw[2][4], au[2][4];
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      a_from_d(wv, st, aw[st]);
+      a_from_d(u, st, au[st]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) aw[st][e] += 0x1000u;  // registers of their own (see above)
+      ptx::fence_operands(aw[st]);
+      ptx::fence_operands(au[st]);
+    }
+    ptx::wgmma_wait<0>();  // O's products on S^T too: they read S^T's registers
+    ptx::fence_operands(s);
+    ptx::fence_operands(o);
     // S^T Diag(decay): column k = 8 j + 2 t4 (+1) of every block j.
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(&sm.decay[8 * j + 2 * t4]);
       s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
     }
-    uint32_t aw[2][4], au[2][4];
-#pragma unroll
-    for (int st = 0; st < 2; ++st) {
-      a_from_d(wv, st, aw[st]);
-      a_from_d(u, st, au[st]);
-      ptx::fence_operands(aw[st]);
-      ptx::fence_operands(au[st]);
-    }
     ptx::fence_operands(s);
-    ptx::fence_operands(o);
     ptx::wgmma_fence();
 #pragma unroll
     for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], desc(sm.m[st]), true);
