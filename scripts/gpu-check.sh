@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
-#   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma}_gpu and dir/flashkda instead of building
+#   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
 #                without build isolation: the GPU machine has no index to fetch the build
@@ -75,13 +75,19 @@ for step in $steps; do
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       run_step "tests pools+checkpoints, persistent" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_PERSISTENT=1 \
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
+      # The experimental wgmma state pass on the pool and strided suites (checkpoint and K-major
+      # calls keep the mma.sync passes), and its step prototype (fp64 check, then a time a step).
+      run_step "tests pools+strided, wgmma" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_WGMMA=1 \
+        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
+      [ -x "$TEST_DIR/test_wgmma_step_gpu" ] && run_step "tests wgmma step prototype" "$OUT/gpu-tests.log" 60 \
+        "$TEST_DIR/test_wgmma_step_gpu"
 
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran|\[gpu vs oracle\]|FAILED" "$OUT/gpu-tests.log" | tail -80 >>"$summary"
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
         run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefill.SoftplusGateEveryStatePass:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
+          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
         run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \

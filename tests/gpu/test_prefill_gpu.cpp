@@ -356,6 +356,44 @@ TEST_F(GpuPrefillPersistent, LargeInitialStateLittleDecay) {
 }
 
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
+// The experimental wgmma state pass (state_wgmma_kernel.cu), forced by FLASHKDA_STATE_WGMMA=1:
+// per item, V-major states, no checkpoints (those calls keep the mma.sync passes).
+RandomProblem& kimi_softplus(RandomProblem& host, uint64_t seed);  // below, with the softplus tests
+
+class GpuPrefillWgmma : public GpuPrefillForced {
+ protected:
+  GpuPrefillWgmma() : GpuPrefillForced("FLASHKDA_STATE_WGMMA") {}
+};
+
+TEST_F(GpuPrefillWgmma, EdgeLengthsEveryStateForm) {
+  const std::vector<int64_t> lens = {20, 0, 1, 15, 16, 17, 33, 128};
+  expect_matches_oracle(packed(lens, 3, 600));
+  ProblemSpec f32 = packed(lens, 3, 601);  // fp32 states, int32 cu_seqlens
+  f32.init_dtype = f32.final_dtype = DType::kF32;
+  f32.cu_seqlens_dtype = DType::kI32;
+  expect_matches_oracle(f32);
+  ProblemSpec no_init = packed(lens, 3, 602);
+  no_init.init = InitState::kNone;
+  expect_matches_oracle(no_init);
+  ProblemSpec no_final = packed(lens, 3, 603);
+  no_final.final_state = false;
+  expect_matches_oracle(no_final);
+}
+
+TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 604));
+  ProblemSpec large = packed({700}, 2, 605);  // a large fp32 state that little decay keeps
+  large.init = InitState::kLarge;
+  large.init_dtype = large.final_dtype = DType::kF32;
+  large.g_input = GateInput::kConstant;
+  large.g_const = -8.0f;
+  expect_matches_oracle(large);
+  ProblemSpec spec = packed({300, 0, 17, 1, 64}, 3, 606);
+  spec.gate = Gate::kSoftplus;
+  RandomProblem host(spec);
+  expect_matches_oracle(kimi_softplus(host, 607));
+}
+
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {

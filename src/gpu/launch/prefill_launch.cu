@@ -141,6 +141,12 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
+// The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
+// forces it, and only where it applies (V-major states, no checkpoints); nothing chooses it yet.
+bool use_wgmma(const Problem& p) {
+  return forced_switch("FLASHKDA_STATE_WGMMA") == 1 && p.state_layout == StateLayout::kVK && !p.checkpoint_offsets;
+}
+
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
 void check_limits(const Problem& p) {
   if (p.total_tokens > INT32_MAX)
@@ -157,6 +163,11 @@ PrefillPlan plan_prefill(const Problem& p) {
   PrefillPlan plan;
   plan.multiprocessors = multiprocessor_count();
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
+  if (use_wgmma(p)) {
+    plan.pass = PrefillPlan::Pass::kWgmma;
+    plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * WgmmaRecord::kBytes;
+    return plan;
+  }
   if (const SplitChoice split = choose_split(p, c, plan.multiprocessors); split.segments > 0) {
     plan.pass = PrefillPlan::Pass::kSplit;
     plan.split_segments = split.segments;
@@ -191,6 +202,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
                     activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
+    prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
@@ -206,6 +218,10 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     checkpoint_table(p),
                     p.out};
   state.k_major = p.state_layout == StateLayout::kKV;
+  if (plan.pass == PrefillPlan::Pass::kWgmma) {
+    launch_state_wgmma(state, stream);
+    return;
+  }
   if (persistent) {  // the prep kernel above zeroed the counter
     state.item_counter = reinterpret_cast<unsigned long long*>(after_records);
     launch_state_persistent(state, plan.multiprocessors, stream);

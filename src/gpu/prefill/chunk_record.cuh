@@ -44,6 +44,32 @@ struct ChunkRecord {
 static_assert(ChunkRecord::kBytes % 128 == 0 && ChunkRecord::kDecay + kHeadDim * 4 == ChunkRecord::kBytes,
               "the record's last field ends it, on a 128-byte boundary");
 
+// The record of the wgmma state pass (state_wgmma_kernel.cu, FLASHKDA_STATE_WGMMA=1; experimental):
+// the same matrices, each stored as wgmma B operands (ptx/wgmma.cuh), one tile per k-step of 8:
+// [rows][8 slots] in the no-swizzle K-major layout (core matrices 8 rows x 16 bytes; the leading
+// offset 128 bytes along the slots, the stride offset 256 along the rows). A "permuted" tile
+// multiplies an A operand taken from a D fragment, whose k order puts even elements of the
+// k-step in slots 0..3 and odd ones in 4..7 (mma.cuh). All fp32, tf32-rounded where the tensor
+// cores read them.
+struct WgmmaRecord {
+  static constexpr uint32_t kWk = 0;         // Wk   [16 k-steps][16 t][8 k-slots], k permuted   8192 B
+  static constexpr uint32_t kQe = 8192;      // Qe   the same                                    8192 B
+  static constexpr uint32_t kKr = 16384;     // Kr   [2 t-steps][128 k][8 t-slots], t permuted   8192 B
+  static constexpr uint32_t kW = 24576;      // W    [hi, lo][2 t'-steps][16 t][8 t'-slots]      2048 B
+  static constexpr uint32_t kM = 26624;      // M    [2 t'-steps][16 t][8 t'-slots], permuted    1024 B
+  static constexpr uint32_t kDecay = 27648;  // exp(G_C) [128]
+  static constexpr uint32_t kBytes = 28160;
+};
+static_assert(WgmmaRecord::kBytes % 128 == 0 && WgmmaRecord::kDecay + kHeadDim * 4 == WgmmaRecord::kBytes,
+              "the record's last field ends it, on a 128-byte boundary");
+
+// Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field.
+__host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
+  return static_cast<uint32_t>((row / 8) * 256 + (slot / 4) * 128 + (row % 8) * 16 + (slot % 4) * 4);
+}
+// The slot of element e (0..7) of a k-step in a permuted tile.
+__host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e >> 1); }
+
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).
 __host__ __device__ __forceinline__ uint32_t fragment_entry(int frag, int lane, int entry_bytes) {

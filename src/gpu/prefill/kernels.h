@@ -21,8 +21,9 @@ struct PrepParams {
   float scale;
   int num_heads;
   SequenceTable seqs;
-  uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+  uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (WgmmaRecord::kBytes with wgmma_record)
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
+  bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
@@ -97,6 +98,9 @@ struct StateConfig {
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
+// The experimental wgmma state pass (state_wgmma_kernel.cu): records in WgmmaRecord's layout,
+// per item, V-major states, no checkpoints; one block of 288 threads per (sequence, head).
+void launch_state_wgmma(const StateParams& p, cudaStream_t stream);
 // grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);
 

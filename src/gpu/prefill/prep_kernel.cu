@@ -113,25 +113,43 @@ __device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log
   return a2 < kMin ? kMin : a2;
 }
 
+template <bool kWgmma>
 __device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot, int h) {
-  return p.records + (slot * p.num_heads + h) * static_cast<int64_t>(ChunkRecord::kBytes);
+  constexpr int64_t kBytes = kWgmma ? WgmmaRecord::kBytes : ChunkRecord::kBytes;
+  return p.records + (slot * p.num_heads + h) * kBytes;
 }
 
 // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
-// (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half.
+// (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half. In a WgmmaRecord,
+// channel c is row c of both token steps' tiles: the step's even tokens fill slots 0..3, its
+// odd ones slots 4..7 (permuted), a 16-byte store each.
+template <bool kWgmma>
 __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[kChunk]) {
+  if constexpr (kWgmma) {
 #pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
+    for (int ts = 0; ts < 2; ++ts) {
+      uint8_t* dst = rec + WgmmaRecord::kKr + ts * 4096 + wgmma_tile_offset(c, 0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      reinterpret_cast<float4*>(dst)[h] =
-          make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
-                      ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
+      for (int odd = 0; odd < 2; ++odd)
+        *reinterpret_cast<float4*>(dst + 128 * odd) =
+            make_float4(ptx::tf32_operand(kr[8 * ts + odd]), ptx::tf32_operand(kr[8 * ts + odd + 2]),
+                        ptx::tf32_operand(kr[8 * ts + odd + 4]), ptx::tf32_operand(kr[8 * ts + odd + 6]));
+    }
+  } else {
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        reinterpret_cast<float4*>(dst)[h] =
+            make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
+                        ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
+    }
   }
 }
 
-template <bool kSoftplus>
+// kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else ChunkRecord's.
+template <bool kSoftplus, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -293,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       kr[t] = k[t] * suffix;
       suffix *= d[t];
     }
-    store_kr(record_of(p, slot, h), c, kr);
+    store_kr<kWgmma>(record_of<kWgmma>(p, slot, h), c, kr);
     e_C = suffix;  // the product of all 16
 
     // Pass 1: the diagonal blocks, e^(E_t) with E_t = Gc_t - Gc_r, r = token 3 of the half, Gc
@@ -390,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
 
   // The record goes straight to global memory; every store below fills whole 32-byte sectors.
-  uint8_t* rec = record_of(p, slot, h);
+  uint8_t* rec = record_of<kWgmma>(p, slot, h);
 
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
   //   Wk = W K~ and Qe = Q~ - M Wk.
@@ -422,7 +440,13 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
-        *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
+        if constexpr (kWgmma) {  // token g + 8 r, channels ch + 2 t4 (+1): k-step ntile, elements 2 t4 (+1)
+          float* tile = reinterpret_cast<float*>(rec + WgmmaRecord::kWk + ntile * 512);
+          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4)) / 4] = x.x;
+          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4 + 1)) / 4] = x.y;
+        } else {
+          *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
+        }
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
@@ -432,29 +456,56 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
         ptx::mma_tf32_1688(qe, am[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
-            ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kWgmma) {  // fp32 (tf32-rounded): the wgmma pass reads Qe as a tf32 operand
+          float* tile = reinterpret_cast<float*>(rec + WgmmaRecord::kQe + ntile * 512);
+          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4)) / 4] = ptx::tf32_operand(qe[2 * r]);
+          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4 + 1)) / 4] = ptx::tf32_operand(qe[2 * r + 1]);
+        } else {
+          *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
+              ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
+        }
+      }
     }
   }
 
-  if constexpr (!kSoftplus) store_kr(rec, c, kr);
-  // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
+  if constexpr (!kSoftplus) store_kr<kWgmma>(rec, c, kr);
   float* small = reinterpret_cast<float*>(rec);
-  for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
-    small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
+  if constexpr (kWgmma) {
+    // W split hi + lo here (rows t, columns t' in order: W V's A operand is loaded, not a D
+    // fragment), M (tf32; t' permuted: its A operand is W V's D fragment) and exp(G_C).
+    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
+      const uint32_t step = (j / 8) * 512;
+      small[(WgmmaRecord::kW + step + wgmma_tile_offset(i, j % 8)) / 4] = hi;
+      small[(WgmmaRecord::kW + 1024 + step + wgmma_tile_offset(i, j % 8)) / 4] = w - hi;
+      small[(WgmmaRecord::kM + step + wgmma_tile_offset(i, permuted_slot(j % 8))) / 4] = ptx::tf32_operand(sm.M[i][j]);
+    }
+    small[WgmmaRecord::kDecay / 4 + c] = e_C;
+  } else {
+    // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
+    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
+      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
+    }
+    small[ChunkRecord::kDecay / 4 + c] = e_C;
   }
-  small[ChunkRecord::kDecay / 4 + c] = e_C;
 }
 
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(p.num_heads));
-  if (p.softplus_gate) prep_kernel<true><<<grid, kThreads, 0, stream>>>(p);
-  else prep_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+  if (p.wgmma_record) {
+    if (p.softplus_gate) prep_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
+    else prep_kernel<false, true><<<grid, kThreads, 0, stream>>>(p);
+  } else if (p.softplus_gate) {
+    prep_kernel<true, false><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    prep_kernel<false, false><<<grid, kThreads, 0, stream>>>(p);
+  }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
 }
