@@ -44,6 +44,13 @@ struct ChunkRecord {
 static_assert(ChunkRecord::kBytes % 128 == 0 && ChunkRecord::kDecay + kHeadDim * 4 == ChunkRecord::kBytes,
               "the record's last field ends it, on a 128-byte boundary");
 
+// Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field (rows x 8 slots).
+__host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
+  return static_cast<uint32_t>((row / 8) * 256 + (slot / 4) * 128 + (row % 8) * 16 + (slot % 4) * 4);
+}
+// The slot of element e (0..7) of a k-step in a permuted tile.
+__host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e >> 1); }
+
 // The record of the wgmma state pass (state_wgmma_kernel.cu, FLASHKDA_STATE_WGMMA=1; experimental):
 // the same matrices, each stored as wgmma B operands (ptx/wgmma.cuh), one tile per k-step of 8:
 // [rows][8 slots] in the no-swizzle K-major layout (core matrices 8 rows x 16 bytes; the leading
@@ -59,16 +66,26 @@ struct WgmmaRecord {
   static constexpr uint32_t kM = 26624;      // M    [2 t'-steps][16 t][8 t'-slots], permuted    1024 B
   static constexpr uint32_t kDecay = 27648;  // exp(G_C) [128]
   static constexpr uint32_t kBytes = 28160;
+
+  // Where each element goes (the prep kernel's stores; tests/cpu/test_wgmma_record.cpp checks
+  // them against the order the wgmma pass reads): token t, key channel k, token t' of W and M.
+  __host__ __device__ static constexpr uint32_t wk(int t, int k) {
+    return kWk + (k / 8) * 512 + wgmma_tile_offset(t, permuted_slot(k % 8));
+  }
+  __host__ __device__ static constexpr uint32_t qe(int t, int k) { return wk(t, k) - kWk + kQe; }
+  __host__ __device__ static constexpr uint32_t kr(int t, int k) {
+    return kKr + (t / 8) * 4096 + wgmma_tile_offset(k, permuted_slot(t % 8));
+  }
+  __host__ __device__ static constexpr uint32_t w(int part, int t, int tp) {  // part 0: hi, 1: lo
+    return kW + part * 1024 + (tp / 8) * 512 + wgmma_tile_offset(t, tp % 8);
+  }
+  __host__ __device__ static constexpr uint32_t m(int t, int tp) {
+    return kM + (tp / 8) * 512 + wgmma_tile_offset(t, permuted_slot(tp % 8));
+  }
 };
 static_assert(WgmmaRecord::kBytes % 128 == 0 && WgmmaRecord::kDecay + kHeadDim * 4 == WgmmaRecord::kBytes,
               "the record's last field ends it, on a 128-byte boundary");
 
-// Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field.
-__host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
-  return static_cast<uint32_t>((row / 8) * 256 + (slot / 4) * 128 + (row % 8) * 16 + (slot % 4) * 4);
-}
-// The slot of element e (0..7) of a k-step in a permuted tile.
-__host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e >> 1); }
 
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).

@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   if constexpr (kWgmma) {
 #pragma unroll
     for (int ts = 0; ts < 2; ++ts) {
-      uint8_t* dst = rec + WgmmaRecord::kKr + ts * 4096 + wgmma_tile_offset(c, 0);
+      uint8_t* dst = rec + WgmmaRecord::kr(8 * ts, c);  // slots 0..3: tokens 8 ts + 0, 2, 4, 6; 4..7: the odd ones
 #pragma unroll
       for (int odd = 0; odd < 2; ++odd)
         *reinterpret_cast<float4*>(dst + 128 * odd) =
@@ -441,9 +441,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
         if constexpr (kWgmma) {  // token g + 8 r, channels ch + 2 t4 (+1): k-step ntile, elements 2 t4 (+1)
-          float* tile = reinterpret_cast<float*>(rec + WgmmaRecord::kWk + ntile * 512);
-          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4)) / 4] = x.x;
-          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4 + 1)) / 4] = x.y;
+          *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4)) = x.x;
+          *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4 + 1)) = x.y;
         } else {
           *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
         }
@@ -458,9 +457,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if constexpr (kWgmma) {  // fp32 (tf32-rounded): the wgmma pass reads Qe as a tf32 operand
-          float* tile = reinterpret_cast<float*>(rec + WgmmaRecord::kQe + ntile * 512);
-          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4)) / 4] = ptx::tf32_operand(qe[2 * r]);
-          tile[wgmma_tile_offset(g + 8 * r, permuted_slot(2 * t4 + 1)) / 4] = ptx::tf32_operand(qe[2 * r + 1]);
+          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4)) = ptx::tf32_operand(qe[2 * r]);
+          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4 + 1)) = ptx::tf32_operand(qe[2 * r + 1]);
         } else {
           *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
               ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
@@ -477,10 +475,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
       const int i = idx / kChunk, j = idx % kChunk;
       const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
-      const uint32_t step = (j / 8) * 512;
-      small[(WgmmaRecord::kW + step + wgmma_tile_offset(i, j % 8)) / 4] = hi;
-      small[(WgmmaRecord::kW + 1024 + step + wgmma_tile_offset(i, j % 8)) / 4] = w - hi;
-      small[(WgmmaRecord::kM + step + wgmma_tile_offset(i, permuted_slot(j % 8))) / 4] = ptx::tf32_operand(sm.M[i][j]);
+      small[WgmmaRecord::w(0, i, j) / 4] = hi;
+      small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
+      small[WgmmaRecord::m(i, j) / 4] = ptx::tf32_operand(sm.M[i][j]);
     }
     small[WgmmaRecord::kDecay / 4 + c] = e_C;
   } else {
