@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/bf16.h"
+#include "gpu/common/state_slots.cuh"  // CheckpointTable
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"

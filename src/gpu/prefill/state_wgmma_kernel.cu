@@ -9,15 +9,9 @@
 // state_step.cuh's). Thread 0 also keeps kStages chunks (WgmmaRecord + the v rows) in flight: it
 // refills a stage once every thread has released it. No producer warp: a ninth warp caps every
 // thread at 168 registers (3 warps on a quarter of the register file) and the step needs ~180;
-// a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). Per
-// chunk, with the record of chunk_record.cuh (WgmmaRecord):
-//   group 1: X^T = S^T Wk^T (m64n16k8 x 16), WV^T = V^T (W_hi + W_lo)^T (x 4)
-//   group 2: O^T = S^T Qe^T (x 16), issued while group 1 runs
-//   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 2 has read S^T
-//   group 3: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
-// ptxas needs the A operand taken from WV^T's accumulator copied (one add, see wgmma.cuh) and
-// each accumulator's products in a group of their own; tests/gpu/test_wgmma_step_gpu.cu is the
-// same step on a fixed chunk. Not taken by the plan: per-item only (no split or persistent
+// a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The chunk
+// step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's (tests/gpu/test_wgmma_step_gpu.cu runs it alone against
+// fp64). Not taken by the plan: per-item only (no split or persistent
 // pass), V-major states, no checkpoints.
 #include <cuda_runtime.h>
 
@@ -25,7 +19,7 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
-#include "gpu/ptx/wgmma.cuh"
+#include "gpu/prefill/state_wgmma_step.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -45,104 +39,6 @@ __device__ __forceinline__ void fill_wgmma_stage(uint8_t* stage, uint64_t* full,
   ptx::mbarrier_arrive_expect_tx(full, kWgmmaStageBytes);
   ptx::bulk_copy_g2s(stage, record, WgmmaRecord::kBytes, full);
   ptx::tensor_copy_3d_g2s(stage + WgmmaRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
-}
-
-__device__ __forceinline__ uint64_t tile_desc(const uint8_t* tile) { return ptx::smem_matrix_desc(tile, 128, 256); }
-
-// A fragment for k-step j of an m64nN accumulator (k permuted: mma.cuh, tf32_a_from_c).
-template <int R>
-__device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&a)[4]) {
-  a[0] = __float_as_uint(d[4 * j]);
-  a[1] = __float_as_uint(d[4 * j + 2]);
-  a[2] = __float_as_uint(d[4 * j + 1]);
-  a[3] = __float_as_uint(d[4 * j + 3]);
-}
-
-// One chunk on this warpgroup's 64 value rows. s: S^T as the m64n128 accumulator (s[4 j + i] =
-// acc[j][i] of state_step.cuh); rec: the stage; out_chunk: the chunk's first out row of the head.
-__device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* rec, int vbase, int lane,
-                                                 uint16_t* out_chunk, int count, int64_t out_row_stride) {
-  const int g = lane >> 2, t4 = lane & 3;
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + WgmmaRecord::kBytes);  // [16][128]
-  float x[8] = {}, o[8] = {}, wv[8] = {};
-  uint32_t as[16][4], av[2][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
-#pragma unroll
-  for (int st = 0; st < 16; ++st) a_from_d(s, st, as[st]);
-#pragma unroll
-  for (int st = 0; st < 2; ++st)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // tokens past the sequence end read as 0 (the tile may hold the next one's)
-      const int tok = 8 * st + t4 + 4 * half;
-      const bool live = tok < count;
-      av[st][2 * half] = live ? uint32_t{v_rows[tok * kHeadDim + vbase + g]} << 16 : 0u;
-      av[st][2 * half + 1] = live ? uint32_t{v_rows[tok * kHeadDim + vbase + g + 8]} << 16 : 0u;
-    }
-  // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
-  ptx::fence_operands(av[0]);
-  ptx::fence_operands(av[1]);
-  ptx::fence_operands(x);
-  ptx::fence_operands(wv);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(x, as[st], tile_desc(rec + WgmmaRecord::kWk + 512 * st), st > 0);
-#pragma unroll
-  for (int st = 0; st < 2; ++st) {
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::kW + 512 * st), st > 0);
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::kW + 1024 + 512 * st), true);
-  }
-  ptx::wgmma_commit();
-  ptx::fence_operands(o);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], tile_desc(rec + WgmmaRecord::kQe + 512 * st), st > 0);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<1>();  // X and WV done; O may still read S^T
-  ptx::fence_operands(x);
-  ptx::fence_operands(wv);
-
-  float u[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) u[i] = ptx::tf32_operand(wv[i] - x[i]);  // U^T, rounded as the 8x1 step's
-  uint32_t aw[2][4], au[2][4];
-#pragma unroll
-  for (int st = 0; st < 2; ++st) {
-    a_from_d(wv, st, aw[st]);
-    a_from_d(u, st, au[st]);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) aw[st][e] += 0x1000u;  // registers of their own (wgmma.cuh)
-    ptx::fence_operands(aw[st]);
-    ptx::fence_operands(au[st]);
-  }
-  ptx::wgmma_wait<0>();  // O's products have read S^T
-  ptx::fence_operands(s);
-  ptx::fence_operands(o);
-  const float* decay = reinterpret_cast<const float*>(rec + WgmmaRecord::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {  // S^T Diag(exp(G_C)): columns 8 j + 2 t4 (+1)
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t4);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
-  ptx::fence_operands(s);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + 512 * st), true);
-#pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + WgmmaRecord::kKr + 4096 * st), true);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_operands(s);
-  ptx::fence_operands(o);
-
-  // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and stored,
-  // as state_step.cuh does.
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[4 * nt + 2 * r], o[4 * nt + 2 * r + 1]));
-      const int token = nt * 8 + g;
-      if (token < count) *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
-    }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
