@@ -2,7 +2,7 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
@@ -15,7 +15,8 @@
 # bench runs the cases twice (the same build) and writes h200.md with scripts/bench_report.py.
 # At most 8 files land in $OUT (the device tool returns no more): build.log, gpu-tests.log (the
 # sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
-# h200.md and h200.png.
+# h200.md and h200.png. The wgmma step (not a default one) adds bench-default.json and
+# bench-wgmma.json: run it without bench and python to stay within the 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -106,6 +107,14 @@ for step in $steps; do
       run_step "flashkda bench (repeat)" "$summary" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
       python3 scripts/bench_report.py --plot "$OUT/h200.png" "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
       cat "$OUT/h200.md" >>"$summary"
+      ;;
+    wgmma)  # the experimental wgmma state pass against the default passes, same cases, one run each
+      for mode in default wgmma; do
+        flag=""
+        [ "$mode" = wgmma ] && flag="FLASHKDA_STATE_WGMMA=1"
+        run_step "flashkda bench ($mode state pass)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
+          "$CLI_BIN" bench --case "${WGMMA_CASES:-P1,P3,P4,P9}" --json "$OUT/bench-$mode.json"
+      done
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
       for c in ${PROFILE_CASES:-P1 P3 P7 P8 P9}; do
