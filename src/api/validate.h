@@ -3,21 +3,13 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/fail.h"
 #include "common/problem.h"
 
 namespace flashkda {
-
-// Throws Error(code, message) with the pieces streamed together.
-template <typename... Parts>
-[[noreturn]] void fail(ErrorCode code, const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw Error(code, os.str());
-}
 
 std::string shape_string(const Tensor& t);
 

@@ -15,7 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/decode/recurrent_params.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/decode/recurrent_params.h"
 #include "gpu/gpu_backend.h"
 #include "gpu/launch/device_views.h"

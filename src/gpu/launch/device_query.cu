@@ -2,7 +2,7 @@
 // (no driver, no device) means "no usable device", never a crash.
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/gpu_backend.h"
 
 namespace flashkda::gpu {

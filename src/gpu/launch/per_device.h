@@ -6,7 +6,7 @@
 
 #include <atomic>
 
-#include "api/validate.h"
+#include "common/fail.h"
 
 namespace flashkda::gpu {
 

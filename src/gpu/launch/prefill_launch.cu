@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/gpu_backend.h"
 #include "gpu/launch/device_views.h"
 #include "gpu/launch/per_device.h"

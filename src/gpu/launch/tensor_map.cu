@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 
 namespace flashkda::gpu {
 namespace {

@@ -2,7 +2,7 @@
 // (chunk slot, head), thread c owning key channel c (and value channel c).
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "common/bf16.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"

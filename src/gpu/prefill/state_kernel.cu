@@ -14,7 +14,7 @@
 // instructions than the products.)
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"

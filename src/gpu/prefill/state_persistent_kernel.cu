@@ -11,7 +11,7 @@
 // consumers have read the previous one, so no item starts with a device-memory load.
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"

@@ -4,7 +4,7 @@
 //   out[t] = out_b[t] + out_a[t] S_{s-1}   for the rows t of segment s   (Y = Z + X M^T, M = S_{s-1}^T)
 #include <cuda_runtime.h>
 
-#include "api/validate.h"
+#include "common/fail.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
