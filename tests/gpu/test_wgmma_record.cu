@@ -21,7 +21,7 @@ constexpr int kT = 16, kD = 128;
 int element_of_slot(int s) { return s < 4 ? 2 * s : 2 * (s - 4) + 1; }  // the D -> A order (mma.cuh)
 
 // Offset of (row, slot) of k-step st of a field at `base` whose tiles are `tile_bytes` apart.
-uint32_t read_offset(uint32_t base, int tile_bytes, int st, int row, int slot) {
+uint32_t read_offset(uint32_t base, uint32_t tile_bytes, int st, int row, int slot) {
   return base + st * tile_bytes + gpu::wgmma_tile_offset(row, slot);
 }
 
@@ -69,19 +69,19 @@ TEST(WgmmaRecord, ElementsSitWhereThePassReadsThem) {
   for (int st = 0; st < kD / 8; ++st)  // Wk, Qe: rows t, k-steps over k, permuted (A = S^T)
     for (int t = 0; t < kT; ++t)
       for (int s = 0; s < 8; ++s) {
-        ASSERT_EQ(WgmmaRecord::wk(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kWk, 512, st, t, s));
-        ASSERT_EQ(WgmmaRecord::qe(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kQe, 512, st, t, s));
+        ASSERT_EQ(WgmmaRecord::wk(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kWk, WgmmaRecord::kTokenTile, st, t, s));
+        ASSERT_EQ(WgmmaRecord::qe(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kQe, WgmmaRecord::kTokenTile, st, t, s));
       }
   for (int st = 0; st < 2; ++st)  // Kr: rows k, k-steps over tokens, permuted (A = U^T)
     for (int k = 0; k < kD; ++k)
       for (int s = 0; s < 8; ++s)
-        ASSERT_EQ(WgmmaRecord::kr(8 * st + element_of_slot(s), k), read_offset(WgmmaRecord::kKr, 4096, st, k, s));
+        ASSERT_EQ(WgmmaRecord::kr(8 * st + element_of_slot(s), k), read_offset(WgmmaRecord::kKr, WgmmaRecord::kChannelTile, st, k, s));
   for (int st = 0; st < 2; ++st)  // W: rows t, k-steps over t' in order (A = V^T, loaded); M permuted (A = WV^T)
     for (int t = 0; t < kT; ++t)
       for (int s = 0; s < 8; ++s) {
-        ASSERT_EQ(WgmmaRecord::w(0, t, 8 * st + s), read_offset(WgmmaRecord::kW, 512, st, t, s));
-        ASSERT_EQ(WgmmaRecord::w(1, t, 8 * st + s), read_offset(WgmmaRecord::kW + 1024, 512, st, t, s));
-        ASSERT_EQ(WgmmaRecord::m(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kM, 512, st, t, s));
+        ASSERT_EQ(WgmmaRecord::w(0, t, 8 * st + s), read_offset(WgmmaRecord::kW, WgmmaRecord::kTokenTile, st, t, s));
+        ASSERT_EQ(WgmmaRecord::w(1, t, 8 * st + s), read_offset(WgmmaRecord::kW + 2 * WgmmaRecord::kTokenTile, WgmmaRecord::kTokenTile, st, t, s));
+        ASSERT_EQ(WgmmaRecord::m(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kM, WgmmaRecord::kTokenTile, st, t, s));
       }
 }
 

@@ -33,16 +33,16 @@ constexpr int kHeadDim = 128;  // K = V = 128
 // tf32-q16; the contract's bar is 3e-3). W and M are small fp32 [16][16] tiles read as 8-byte
 // pairs; W is kept whole and split hi + lo by the state kernel.
 struct ChunkRecord {
-  static constexpr uint32_t kWk = 0;         // W K~                 fp32 fragments, 8192 B
-  static constexpr uint32_t kQe = 8192;      // Q~ - M W K~          bf16 fragments, 4096 B
-  static constexpr uint32_t kKr = 12288;     // (K^ e^(G_C - G))^T   fp32 fragments, 8192 B
-  static constexpr uint32_t kW = 20480;      // W = (I + L)^-1 Diag(beta) [16][16], swizzle_16
-  static constexpr uint32_t kM = 21504;      // M (tf32)                  [16][16], swizzle_16
-  static constexpr uint32_t kDecay = 22528;  // exp(G_C)                  [128]
-  static constexpr uint32_t kBytes = 23040;  // a multiple of 128: stages stay aligned
+  static constexpr uint32_t kWk = 0;                                  // W K~               fp32 fragments
+  static constexpr uint32_t kQe = kWk + kChunk * kHeadDim * 4;         // Q~ - M W K~        bf16 fragments
+  static constexpr uint32_t kKr = kQe + kChunk * kHeadDim * 2;         // (K^ e^(G_C - G))^T fp32 fragments
+  static constexpr uint32_t kW = kKr + kHeadDim * kChunk * 4;          // W = (I + L)^-1 Diag(beta) [16][16], swizzle_16
+  static constexpr uint32_t kM = kW + kChunk * kChunk * 4;             // M (tf32)                  [16][16], swizzle_16
+  static constexpr uint32_t kDecay = kM + kChunk * kChunk * 4;         // exp(G_C)                  [128]
+  static constexpr uint32_t kBytes = kDecay + kHeadDim * 4;
 };
-static_assert(ChunkRecord::kBytes % 128 == 0 && ChunkRecord::kDecay + kHeadDim * 4 == ChunkRecord::kBytes,
-              "the record's last field ends it, on a 128-byte boundary");
+static_assert(ChunkRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
+static_assert(ChunkRecord::kQe == 8192 && ChunkRecord::kBytes == 23040, "the K = V = 128 record the kernels read");
 
 // Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field (rows x 8 slots).
 __host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
@@ -59,33 +59,34 @@ __host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e
 // k-step in slots 0..3 and odd ones in 4..7 (mma.cuh). All fp32, tf32-rounded where the tensor
 // cores read them.
 struct WgmmaRecord {
-  static constexpr uint32_t kWk = 0;         // Wk   [16 k-steps][16 t][8 k-slots], k permuted   8192 B
-  static constexpr uint32_t kQe = 8192;      // Qe   the same                                    8192 B
-  static constexpr uint32_t kKr = 16384;     // Kr   [2 t-steps][128 k][8 t-slots], t permuted   8192 B
-  static constexpr uint32_t kW = 24576;      // W    [hi, lo][2 t'-steps][16 t][8 t'-slots]      2048 B
-  static constexpr uint32_t kM = 26624;      // M    [2 t'-steps][16 t][8 t'-slots], permuted    1024 B
-  static constexpr uint32_t kDecay = 27648;  // exp(G_C) [128]
-  static constexpr uint32_t kBytes = 28160;
+  static constexpr uint32_t kTokenTile = kChunk * 32;     // a k-step tile of 16 token rows (512 B)
+  static constexpr uint32_t kChannelTile = kHeadDim * 32;  // a k-step tile of 128 channel rows (4096 B)
+  static constexpr uint32_t kWk = 0;                                   // Wk [16 k-steps][16 t][8 k-slots], k permuted
+  static constexpr uint32_t kQe = kWk + (kHeadDim / 8) * kTokenTile;   // Qe the same
+  static constexpr uint32_t kKr = kQe + (kHeadDim / 8) * kTokenTile;   // Kr [2 t-steps][128 k][8 t-slots], t permuted
+  static constexpr uint32_t kW = kKr + (kChunk / 8) * kChannelTile;    // W  [hi, lo][2 t'-steps][16 t][8 t'-slots]
+  static constexpr uint32_t kM = kW + 2 * (kChunk / 8) * kTokenTile;   // M  [2 t'-steps][16 t][8 t'-slots], permuted
+  static constexpr uint32_t kDecay = kM + (kChunk / 8) * kTokenTile;   // exp(G_C) [128]
+  static constexpr uint32_t kBytes = kDecay + kHeadDim * 4;
 
-  // Where each element goes (the prep kernel's stores; tests/cpu/test_wgmma_record.cpp checks
+  // Where each element goes (the prep kernel's stores; tests/gpu/test_wgmma_record.cu checks
   // them against the order the wgmma pass reads): token t, key channel k, token t' of W and M.
   __host__ __device__ static constexpr uint32_t wk(int t, int k) {
-    return kWk + (k / 8) * 512 + wgmma_tile_offset(t, permuted_slot(k % 8));
+    return kWk + (k / 8) * kTokenTile + wgmma_tile_offset(t, permuted_slot(k % 8));
   }
   __host__ __device__ static constexpr uint32_t qe(int t, int k) { return wk(t, k) - kWk + kQe; }
   __host__ __device__ static constexpr uint32_t kr(int t, int k) {
-    return kKr + (t / 8) * 4096 + wgmma_tile_offset(k, permuted_slot(t % 8));
+    return kKr + (t / 8) * kChannelTile + wgmma_tile_offset(k, permuted_slot(t % 8));
   }
   __host__ __device__ static constexpr uint32_t w(int part, int t, int tp) {  // part 0: hi, 1: lo
-    return kW + part * 1024 + (tp / 8) * 512 + wgmma_tile_offset(t, tp % 8);
+    return kW + part * (kChunk / 8) * kTokenTile + (tp / 8) * kTokenTile + wgmma_tile_offset(t, tp % 8);
   }
   __host__ __device__ static constexpr uint32_t m(int t, int tp) {
-    return kM + (tp / 8) * 512 + wgmma_tile_offset(t, permuted_slot(tp % 8));
+    return kM + (tp / 8) * kTokenTile + wgmma_tile_offset(t, permuted_slot(tp % 8));
   }
 };
-static_assert(WgmmaRecord::kBytes % 128 == 0 && WgmmaRecord::kDecay + kHeadDim * 4 == WgmmaRecord::kBytes,
-              "the record's last field ends it, on a 128-byte boundary");
-
+static_assert(WgmmaRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
+static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");
 
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).

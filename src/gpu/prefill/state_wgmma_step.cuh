@@ -55,17 +55,17 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(x, as[st], tile_desc(rec + WgmmaRecord::kWk + 512 * st), st > 0);
+  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(x, as[st], tile_desc(rec + WgmmaRecord::kWk + WgmmaRecord::kTokenTile * st), st > 0);
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::kW + 512 * st), st > 0);
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::kW + 1024 + 512 * st), true);
+    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(0, 0, 8 * st)), st > 0);
+    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
   ptx::fence_operands(o);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], tile_desc(rec + WgmmaRecord::kQe + 512 * st), st > 0);
+  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], tile_desc(rec + WgmmaRecord::kQe + WgmmaRecord::kTokenTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::wgmma_wait<1>();  // X and WV done; O may still read S^T
   ptx::fence_operands(x);
@@ -96,9 +96,9 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::fence_operands(s);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + 512 * st), true);
+  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + WgmmaRecord::kTokenTile * st), true);
 #pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + WgmmaRecord::kKr + 4096 * st), true);
+  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + WgmmaRecord::kKr + WgmmaRecord::kChannelTile * st), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
