@@ -107,10 +107,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
       fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
-      if (++s == kStages) {
-        s = 0;
-        parity ^= 1;
-      }
+      next_stage<kStages>(s, parity);
     }
     return;
   }
@@ -144,10 +141,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      if (++s == kStages) {
-        s = 0;
-        parity ^= 1;
-      }
+      next_stage<kStages>(s, parity);
     };
     if constexpr (kServing) {
       for (int c = c_begin; c < c_end;) {

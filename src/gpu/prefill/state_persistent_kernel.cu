@@ -120,10 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
           if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
           fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
                      bos + int64_t{c} * kChunk);
-          if (++s == kStages) {
-            s = 0;
-            parity ^= 1;
-          }
+          next_stage<kStages>(s, parity);
         }
         next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
       }
@@ -158,10 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
                     out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      if (++s == kStages) {
-        s = 0;
-        parity ^= 1;
-      }
+      next_stage<kStages>(s, parity);
     };
     const int chunks = (len + kChunk - 1) / kChunk;
     if constexpr (kCheckpoints) {

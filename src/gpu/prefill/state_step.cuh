@@ -110,6 +110,17 @@ __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, cons
   });
 }
 
+// The stage ring of a pipeline, written once for every producer and consumer loop: the next of
+// kStages stages, the mbarrier phase parity flipping each time the ring wraps (producers wait on
+// empty[s] with parity ^ 1, the release of the previous lap; consumers on full[s] with parity).
+template <int kStages>
+__device__ __forceinline__ void next_stage(int& s, uint32_t& parity) {
+  if (++s == kStages) {
+    s = 0;
+    parity ^= 1;
+  }
+}
+
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void slice_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

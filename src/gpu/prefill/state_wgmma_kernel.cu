@@ -93,10 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
       ptx::mbarrier_wait_parity(&empty[s], parity);
       fill(c + kStages);
     }
-    if (++s == kStages) {
-      s = 0;
-      parity ^= 1;
-    }
+    next_stage<kStages>(s, parity);
   }
   if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0)
     store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
