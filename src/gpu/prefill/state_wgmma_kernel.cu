@@ -10,9 +10,9 @@
 // refills a stage once every thread has released it. No producer warp: a ninth warp caps every
 // thread at 168 registers (3 warps on a quarter of the register file) and the step needs ~180;
 // a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The chunk
-// step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's (tests/gpu/test_wgmma_step_gpu.cu runs it alone against
-// fp64). Not taken by the plan: per-item only (no split or persistent
-// pass), V-major states, no checkpoints.
+// step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
+// it alone against fp64. Per item only (no split or persistent pass), V-major states, no
+// checkpoints: other calls keep the mma.sync passes.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
