@@ -312,17 +312,20 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 }
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
-constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kChunk * kHeadDim * 2;
+constexpr uint32_t kVRowBytes = kChunk * kHeadDim * 2;  // a chunk's v rows of one head, bf16
+constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kVRowBytes;
 // Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90).
 constexpr int kMaxBlockSmem = 227 * 1024;
 
-// Fills a stage (one producer thread): the chunk record, and the chunk's 16 v rows of head h
-// as one tensor-map tile (rows past the problem's end arrive as zeros).
+// Fills a stage (one producer thread): the chunk record (ChunkRecord, or the wgmma pass's
+// WgmmaRecord), and the chunk's 16 v rows of head h as one tensor-map tile after it (rows past
+// the problem's end arrive as zeros).
+template <typename Record = ChunkRecord>
 __device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
                                            const CUtensorMap* v_rows, int h, int64_t token0) {
-  ptx::mbarrier_arrive_expect_tx(full, kStageBytes);
-  ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
-  ptx::tensor_copy_3d_g2s(stage + ChunkRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
+  ptx::mbarrier_arrive_expect_tx(full, Record::kBytes + kVRowBytes);
+  ptx::bulk_copy_g2s(stage, record, Record::kBytes, full);
+  ptx::tensor_copy_3d_g2s(stage + Record::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
 }
 
 }  // namespace flashkda::gpu::state_pass

@@ -27,19 +27,11 @@ namespace {
 using namespace state_pass;
 
 constexpr int kStages = 6;
-constexpr uint32_t kVBytes = kChunk * kHeadDim * 2;                   // the chunk's v rows, bf16
-constexpr uint32_t kWgmmaStageBytes = WgmmaRecord::kBytes + kVBytes;  // 31.5 KB
+constexpr uint32_t kWgmmaStageBytes = WgmmaRecord::kBytes + kVRowBytes;  // 31.5 KB
 constexpr int kConsumers = 256;                                       // two warpgroups
 constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
 static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
-
-__device__ __forceinline__ void fill_wgmma_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
-                                                 const CUtensorMap* v_rows, int h, int64_t token0) {
-  ptx::mbarrier_arrive_expect_tx(full, kWgmmaStageBytes);
-  ptx::bulk_copy_g2s(stage, record, WgmmaRecord::kBytes, full);
-  ptx::tensor_copy_3d_g2s(stage + WgmmaRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
-}
 
 __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -68,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   __syncthreads();
 
   auto fill = [&](int c) {  // thread 0: chunk c into its stage
-    fill_wgmma_stage(smem + (c % kStages) * kWgmmaStageBytes, &full[c % kStages], records + int64_t{c} * record_stride,
+    fill_stage<WgmmaRecord>(smem + (c % kStages) * kWgmmaStageBytes, &full[c % kStages], records + int64_t{c} * record_stride,
                      &p.v_rows, h, bos + int64_t{c} * kChunk);
   };
   if (threadIdx.x == 0)

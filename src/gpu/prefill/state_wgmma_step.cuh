@@ -13,6 +13,7 @@
 
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/ptx/convert.cuh"
+#include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/wgmma.cuh"
 
@@ -20,13 +21,11 @@ namespace flashkda::gpu::state_pass {
 
 __device__ __forceinline__ uint64_t tile_desc(const uint8_t* tile) { return ptx::smem_matrix_desc(tile, 128, 256); }
 
-// A fragment for k-step j of an m64nN accumulator (k permuted: mma.cuh, tf32_a_from_c).
+// A fragment for k-step j of an m64nN accumulator: its n-block j is an mma C fragment, which
+// tf32_a_from_c (mma.cuh) makes an A fragment with k permuted.
 template <int R>
 __device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&a)[4]) {
-  a[0] = __float_as_uint(d[4 * j]);
-  a[1] = __float_as_uint(d[4 * j + 2]);
-  a[2] = __float_as_uint(d[4 * j + 1]);
-  a[3] = __float_as_uint(d[4 * j + 3]);
+  ptx::tf32_a_from_c(*reinterpret_cast<const float(*)[4]>(&d[4 * j]), a);
 }
 
 // One chunk on this warpgroup's 64 value rows. s: S^T as the m64n128 accumulator (s[4 j + i] =
