@@ -298,20 +298,25 @@ class GpuPrefillPersistent : public GpuPrefillForced {
   GpuPrefillPersistent() : GpuPrefillForced("FLASHKDA_PERSISTENT") {}
 };
 
-TEST_F(GpuPrefillPersistent, EdgeLengthsEveryStateForm) {
+// Edge lengths (empty, single-token, around the chunk size) with every form of the states:
+// bf16, fp32 with int32 cu_seqlens, no initial state (sequences start from zero), initial state
+// only. Seeds seed .. seed + 3.
+void expect_edge_lengths_every_state_form(uint64_t seed) {
   const std::vector<int64_t> lens = {20, 0, 1, 15, 16, 17, 33, 128};
-  expect_matches_oracle(packed(lens, 3, 500));
-  ProblemSpec f32 = packed(lens, 3, 501);  // fp32 states, int32 cu_seqlens
+  expect_matches_oracle(packed(lens, 3, seed));
+  ProblemSpec f32 = packed(lens, 3, seed + 1);
   f32.init_dtype = f32.final_dtype = DType::kF32;
   f32.cu_seqlens_dtype = DType::kI32;
   expect_matches_oracle(f32);
-  ProblemSpec no_init = packed(lens, 3, 502);  // no initial state: items start from zero
+  ProblemSpec no_init = packed(lens, 3, seed + 2);
   no_init.init = InitState::kNone;
   expect_matches_oracle(no_init);
-  ProblemSpec no_final = packed(lens, 3, 503);  // initial state only
+  ProblemSpec no_final = packed(lens, 3, seed + 3);
   no_final.final_state = false;
   expect_matches_oracle(no_final);
 }
+
+TEST_F(GpuPrefillPersistent, EdgeLengthsEveryStateForm) { expect_edge_lengths_every_state_form(500); }
 
 // More items than blocks: every block runs several items through one pipeline and one staged
 // state buffer (the phase bookkeeping across items), fixed-length and packed.
@@ -355,7 +360,6 @@ TEST_F(GpuPrefillPersistent, LargeInitialStateLittleDecay) {
     }
 }
 
-// The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 // The experimental wgmma state pass (state_wgmma_kernel.cu), forced by FLASHKDA_STATE_WGMMA=1:
 // per item, V-major states, no checkpoints (those calls keep the mma.sync passes).
 RandomProblem& kimi_softplus(RandomProblem& host, uint64_t seed);  // below, with the softplus tests
@@ -365,20 +369,7 @@ class GpuPrefillWgmma : public GpuPrefillForced {
   GpuPrefillWgmma() : GpuPrefillForced("FLASHKDA_STATE_WGMMA") {}
 };
 
-TEST_F(GpuPrefillWgmma, EdgeLengthsEveryStateForm) {
-  const std::vector<int64_t> lens = {20, 0, 1, 15, 16, 17, 33, 128};
-  expect_matches_oracle(packed(lens, 3, 600));
-  ProblemSpec f32 = packed(lens, 3, 601);  // fp32 states, int32 cu_seqlens
-  f32.init_dtype = f32.final_dtype = DType::kF32;
-  f32.cu_seqlens_dtype = DType::kI32;
-  expect_matches_oracle(f32);
-  ProblemSpec no_init = packed(lens, 3, 602);
-  no_init.init = InitState::kNone;
-  expect_matches_oracle(no_init);
-  ProblemSpec no_final = packed(lens, 3, 603);
-  no_final.final_state = false;
-  expect_matches_oracle(no_final);
-}
+TEST_F(GpuPrefillWgmma, EdgeLengthsEveryStateForm) { expect_edge_lengths_every_state_form(600); }
 
 TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
   expect_matches_oracle(packed({1000, 4097}, 2, 604));
@@ -394,6 +385,7 @@ TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
   expect_matches_oracle(kimi_softplus(host, 607));
 }
 
+// The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {

@@ -8,9 +8,11 @@
 
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/ptx/wgmma.cuh"
+#include "sm90_device.h"
 
 namespace flashkda::testing {
 namespace {
@@ -63,11 +65,7 @@ __global__ void wgmma_product(const float* a, const float* b, float* d, bool swa
 class GpuWgmma : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device: GPU wgmma tests skipped";
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, 0);
-    if (prop.major != 9) GTEST_SKIP() << "wgmma needs sm_90 (this device is sm_" << prop.major << prop.minor << ")";
+    if (const std::string why = sm90_unavailable("wgmma"); !why.empty()) GTEST_SKIP() << why;
   }
 };
 

@@ -14,11 +14,13 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/bf16.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/prefill/state_wgmma_step.cuh"
+#include "sm90_device.h"
 
 namespace flashkda::testing {
 namespace {
@@ -48,11 +50,7 @@ __global__ void __launch_bounds__(256, 1) run_steps(const uint8_t* image, float*
 class GpuWgmmaStep : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device: GPU wgmma step tests skipped";
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, 0);
-    if (prop.major != 9) GTEST_SKIP() << "wgmma needs sm_90 (this device is sm_" << prop.major << prop.minor << ")";
+    if (const std::string why = sm90_unavailable("wgmma step"); !why.empty()) GTEST_SKIP() << why;
   }
 };
 
