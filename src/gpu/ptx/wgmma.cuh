@@ -48,17 +48,6 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// Warp-specialized register budgets (sm_90a): a warpgroup lowers or raises its registers per
-// thread to kRegs (a multiple of 8 in [24, 256]); every warp of the warpgroup executes it.
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
 // Makes shared memory written by ordinary stores visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
