@@ -77,6 +77,10 @@ class RandomProblem {
   std::vector<uint16_t> out_;
 };
 
+// The contract's bar (docs/contract.md): rel_error of out and of the final state against the fp64
+// oracle, at most this.
+constexpr double kBar = 3e-3;
+
 // ||x - ref||_2 / ||ref||_2 (with ||ref|| = 0: ||x||_2). Infinite when x holds NaN or Inf.
 double rel_error(const double* ref, const double* x, size_t n);
 double rel_error(const double* ref, const float* x, size_t n);

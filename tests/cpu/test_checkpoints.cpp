@@ -21,7 +21,7 @@ using testing::RandomProblem;
 using testing::rel_error;
 using ::testing::HasSubstr;
 
-constexpr double kBar = 3e-3;
+using testing::kBar;
 
 // The final state (fp32, V-major [H, V, K]) of a prefill of the first `tokens` tokens of
 // sequence n of `base`, from the same initial state.

@@ -28,7 +28,7 @@ using testing::RandomProblem;
 using testing::all_finite;
 using testing::rel_error;
 
-constexpr double kBar = 3e-3;
+using testing::kBar;
 
 struct Case {
   std::string name;

@@ -26,7 +26,7 @@ using testing::RandomProblem;
 using testing::rel_error;
 using ::testing::HasSubstr;
 
-constexpr double kBar = 3e-3;
+using testing::kBar;
 constexpr unsigned char kPoison = 0xA5;
 
 struct PoolCase {

@@ -22,8 +22,6 @@
 namespace flashkda::testing {
 namespace {
 
-constexpr double kBar = 3e-3;  // docs/contract.md
-
 class GpuDecode : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -21,8 +21,6 @@
 namespace flashkda::testing {
 namespace {
 
-constexpr double kBar = 3e-3;  // docs/contract.md: rel error on out and final_state
-
 class GpuPrefill : public ::testing::Test {
  protected:
   void SetUp() override {
