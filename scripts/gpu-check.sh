@@ -119,7 +119,7 @@ for step in $steps; do
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
       for c in ${PROFILE_CASES:-P1 P3 P7 P8 P9}; do
         run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-          -k regex:"prep_kernel|state_kernel|state_persistent_kernel|stitch_kernel" --log-file "$OUT/ncu-$c.csv" \
+          -k regex:"prep_kernel|state_kernel|state_persistent_kernel|state_wgmma_kernel|stitch_kernel" --log-file "$OUT/ncu-$c.csv" \
           "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
         rm -f "$OUT/ncu-$c.csv"

@@ -18,7 +18,7 @@ def main():
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         name = row["Kernel Name"]
-        m = re.search(r"(prep_kernel|state_persistent_kernel|state_kernel|stitch_kernel)(<[^>]*>)?", name)
+        m = re.search(r"(prep_kernel|state_persistent_kernel|state_wgmma_kernel|state_kernel|stitch_kernel)(<[^>]*>)?", name)
         name = (m.group(1) + (m.group(2) or "")) if m else name[:40]
         scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(row.get("Metric Unit", "nsecond"), 1e-3)
         times.setdefault(name, []).append(float(row["Metric Value"].replace(",", "")) * scale)

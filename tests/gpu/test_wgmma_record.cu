@@ -35,22 +35,21 @@ TEST(WgmmaRecord, EveryFieldIsFilledOnceInsideItsRange) {
     uint32_t begin, end;
     std::vector<uint32_t> offsets;
   };
-  std::vector<Field> fields = {{"wk", WgmmaRecord::kWk, WgmmaRecord::kQe, {}},
-                               {"qe", WgmmaRecord::kQe, WgmmaRecord::kKr, {}},
+  std::vector<Field> fields = {{"wk and qe", WgmmaRecord::kWkQe, WgmmaRecord::kKr, {}},
                                {"kr", WgmmaRecord::kKr, WgmmaRecord::kW, {}},
                                {"w", WgmmaRecord::kW, WgmmaRecord::kM, {}},
                                {"m", WgmmaRecord::kM, WgmmaRecord::kDecay, {}}};
   for (int t = 0; t < kT; ++t)
     for (int k = 0; k < kD; ++k) {
       fields[0].offsets.push_back(WgmmaRecord::wk(t, k));
-      fields[1].offsets.push_back(WgmmaRecord::qe(t, k));
-      fields[2].offsets.push_back(WgmmaRecord::kr(t, k));
+      fields[0].offsets.push_back(WgmmaRecord::qe(t, k));
+      fields[1].offsets.push_back(WgmmaRecord::kr(t, k));
     }
   for (int t = 0; t < kT; ++t)
     for (int tp = 0; tp < kT; ++tp) {
-      fields[3].offsets.push_back(WgmmaRecord::w(0, t, tp));
-      fields[3].offsets.push_back(WgmmaRecord::w(1, t, tp));
-      fields[4].offsets.push_back(WgmmaRecord::m(t, tp));
+      fields[2].offsets.push_back(WgmmaRecord::w(0, t, tp));
+      fields[2].offsets.push_back(WgmmaRecord::w(1, t, tp));
+      fields[3].offsets.push_back(WgmmaRecord::m(t, tp));
     }
   for (const Field& f : fields) {
     SCOPED_TRACE(f.name);
@@ -66,11 +65,11 @@ TEST(WgmmaRecord, EveryFieldIsFilledOnceInsideItsRange) {
 }
 
 TEST(WgmmaRecord, ElementsSitWhereThePassReadsThem) {
-  for (int st = 0; st < kD / 8; ++st)  // Wk, Qe: rows t, k-steps over k, permuted (A = S^T)
+  for (int st = 0; st < kD / 8; ++st)  // [Wk | Qe]: one 32-row tile a k-step over k, permuted (A = S^T)
     for (int t = 0; t < kT; ++t)
       for (int s = 0; s < 8; ++s) {
-        ASSERT_EQ(WgmmaRecord::wk(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kWk, WgmmaRecord::kTokenTile, st, t, s));
-        ASSERT_EQ(WgmmaRecord::qe(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kQe, WgmmaRecord::kTokenTile, st, t, s));
+        ASSERT_EQ(WgmmaRecord::wk(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kWkQe, WgmmaRecord::kPairTile, st, t, s));
+        ASSERT_EQ(WgmmaRecord::qe(t, 8 * st + element_of_slot(s)), read_offset(WgmmaRecord::kWkQe, WgmmaRecord::kPairTile, st, kT + t, s));
       }
   for (int st = 0; st < 2; ++st)  // Kr: rows k, k-steps over tokens, permuted (A = U^T)
     for (int k = 0; k < kD; ++k)

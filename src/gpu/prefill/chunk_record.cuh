@@ -60,10 +60,12 @@ __host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e
 // cores read them.
 struct WgmmaRecord {
   static constexpr uint32_t kTokenTile = kChunk * 32;     // a k-step tile of 16 token rows (512 B)
+  static constexpr uint32_t kPairTile = 2 * kTokenTile;   // a k-step tile of Wk's 16 rows, then Qe's
   static constexpr uint32_t kChannelTile = kHeadDim * 32;  // a k-step tile of 128 channel rows (4096 B)
-  static constexpr uint32_t kWk = 0;                                   // Wk [16 k-steps][16 t][8 k-slots], k permuted
-  static constexpr uint32_t kQe = kWk + (kHeadDim / 8) * kTokenTile;   // Qe the same
-  static constexpr uint32_t kKr = kQe + (kHeadDim / 8) * kTokenTile;   // Kr [2 t-steps][128 k][8 t-slots], t permuted
+  // Wk and Qe share their A operand (S^T): one m64n32k8 product a k-step reads both, so each
+  // k-step's tile holds Wk's 16 token rows then Qe's.
+  static constexpr uint32_t kWkQe = 0;                                 // [16 k-steps][Wk 16 t, Qe 16 t][8 k-slots], k permuted
+  static constexpr uint32_t kKr = kWkQe + (kHeadDim / 8) * kPairTile;  // Kr [2 t-steps][128 k][8 t-slots], t permuted
   static constexpr uint32_t kW = kKr + (kChunk / 8) * kChannelTile;    // W  [hi, lo][2 t'-steps][16 t][8 t'-slots]
   static constexpr uint32_t kM = kW + 2 * (kChunk / 8) * kTokenTile;   // M  [2 t'-steps][16 t][8 t'-slots], permuted
   static constexpr uint32_t kDecay = kM + (kChunk / 8) * kTokenTile;   // exp(G_C) [128]
@@ -72,9 +74,11 @@ struct WgmmaRecord {
   // Where each element goes (the prep kernel's stores; tests/gpu/test_wgmma_record.cu checks
   // them against the order the wgmma pass reads): token t, key channel k, token t' of W and M.
   __host__ __device__ static constexpr uint32_t wk(int t, int k) {
-    return kWk + (k / 8) * kTokenTile + wgmma_tile_offset(t, permuted_slot(k % 8));
+    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(t, permuted_slot(k % 8));
   }
-  __host__ __device__ static constexpr uint32_t qe(int t, int k) { return wk(t, k) - kWk + kQe; }
+  __host__ __device__ static constexpr uint32_t qe(int t, int k) {
+    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(kChunk + t, permuted_slot(k % 8));
+  }
   __host__ __device__ static constexpr uint32_t kr(int t, int k) {
     return kKr + (t / 8) * kChannelTile + wgmma_tile_offset(k, permuted_slot(t % 8));
   }

@@ -1,9 +1,9 @@
 // The chunk step of the wgmma state pass (state_wgmma_kernel.cu), on one warpgroup's 64 value
 // rows: shared by the kernel and tests/gpu/test_wgmma_step_gpu.cu, which runs it alone.
-//   group 1: X^T = S^T Wk^T (m64n16k8 x 16), WV^T = V^T (W_hi + W_lo)^T (x 4)
-//   group 2: O^T = S^T Qe^T (x 16), issued while group 1 runs
-//   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 2 has read S^T
-//   group 3: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
+//   group 1: [X^T | O^T] = S^T [Wk | Qe]^T (m64n32k8 x 16: one product a k-step for both)
+//   group 2: WV^T = V^T (W_hi + W_lo)^T (m64n16k8 x 4), issued while group 1 runs
+//   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 1 has read S^T
+//   groups 3, 4: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
 // What ptxas needs to keep the wgmmas pipelined (found with -Xptxas -v, see docs/perf-notes.md):
 // each accumulator's products in a group of their own; the A operand taken from WV^T's
 // accumulator copied into registers of its own (one add); S^T's A fragments left unpinned.
@@ -34,7 +34,7 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
                                                  uint16_t* out_chunk, int count, int64_t out_row_stride) {
   const int g = lane >> 2, t4 = lane & 3;
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + WgmmaRecord::kBytes);  // [16][128]
-  float x[8] = {}, o[8] = {}, wv[8] = {};
+  float xo[16] = {}, wv[8] = {};  // xo: X^T in n-blocks 0, 1 (tokens 0..15), O^T in n-blocks 2, 3
   uint32_t as[16][4], av[2][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
 #pragma unroll
   for (int st = 0; st < 16; ++st) a_from_d(s, st, as[st]);
@@ -50,29 +50,29 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
   ptx::fence_operands(av[0]);
   ptx::fence_operands(av[1]);
-  ptx::fence_operands(x);
+  ptx::fence_operands(xo);
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(x, as[st], tile_desc(rec + WgmmaRecord::kWk + WgmmaRecord::kTokenTile * st), st > 0);
+  for (int st = 0; st < 16; ++st)
+    ptx::wgmma_tf32<32>(xo, as[st], tile_desc(rec + WgmmaRecord::kWkQe + WgmmaRecord::kPairTile * st), st > 0);
+  ptx::wgmma_commit();
+  ptx::fence_operands(wv);
+  ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
     ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(0, 0, 8 * st)), st > 0);
     ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
-  ptx::fence_operands(o);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<16>(o, as[st], tile_desc(rec + WgmmaRecord::kQe + WgmmaRecord::kTokenTile * st), st > 0);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<1>();  // X and WV done; O may still read S^T
-  ptx::fence_operands(x);
+  ptx::wgmma_wait<0>();  // X, O (which read S^T) and WV done
+  ptx::fence_operands(xo);
   ptx::fence_operands(wv);
+  ptx::fence_operands(s);
 
   float u[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) u[i] = ptx::tf32_operand(wv[i] - x[i]);  // U^T, rounded as the 8x1 step's
+  for (int i = 0; i < 8; ++i) u[i] = ptx::tf32_operand(wv[i] - xo[i]);  // U^T, rounded as the 8x1 step's
   uint32_t aw[2][4], au[2][4];
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
@@ -83,25 +83,31 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     ptx::fence_operands(aw[st]);
     ptx::fence_operands(au[st]);
   }
-  ptx::wgmma_wait<0>();  // O's products have read S^T
-  ptx::fence_operands(s);
-  ptx::fence_operands(o);
   const float* decay = reinterpret_cast<const float*>(rec + WgmmaRecord::kDecay);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {  // S^T Diag(exp(G_C)): columns 8 j + 2 t4 (+1)
     const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t4);
     s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
   }
+  // WV^T M^T into a fresh accumulator, added to O^T afterwards (accumulating onto xo's O^T half,
+  // or a copy of it, serializes the wgmmas: C7511).
+  float o[8] = {};
   ptx::fence_operands(s);
+  ptx::fence_operands(o);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + WgmmaRecord::kTokenTile * st), true);
+  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + WgmmaRecord::kTokenTile * st), st > 0);
+  ptx::wgmma_commit();
+  ptx::fence_operands(s);
+  ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + WgmmaRecord::kKr + WgmmaRecord::kChannelTile * st), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
   ptx::fence_operands(o);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i] += xo[8 + i];  // O^T = S^T Qe^T + WV^T M^T
 
   // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and stored,
   // as state_step.cuh does.
