@@ -24,7 +24,7 @@ def main():
         times.setdefault(name, []).append(float(row["Metric Value"].replace(",", "")) * scale)
     # Per forward call: prep runs once a call; kernels launched several times a call (the split
     # pass's stitches) are summed over the call.
-    calls = len(times.get("prep_kernel", [])) or 1
+    calls = sum(len(v) for k, v in times.items() if k.startswith("prep_kernel")) or 1
     parts = [f"{k} {statistics.median(v):.1f} us (x{len(v)}; {sum(v) / calls:.1f} us a call)" for k, v in times.items()]
     print(f"{case}: " + ", ".join(parts))
 

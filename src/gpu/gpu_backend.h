@@ -46,6 +46,7 @@ struct PrefillPlan {
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
+  // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
 
   size_t workspace_bytes() const {

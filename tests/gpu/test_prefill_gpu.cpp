@@ -346,6 +346,18 @@ TEST_F(GpuPrefillPersistent, ManyTinyItems) {
   expect_matches_oracle(packed(lens, 1, 509));
 }
 
+// Items are taken longest sequence first up to kMaxOrderedSeqs sequences (the prep kernel ranks
+// them), in index order beyond: both sides of the bound, lengths from 0 to 70 tokens.
+TEST_F(GpuPrefillPersistent, LongestFirstOrderAndBeyondItsBound) {
+  constexpr int64_t kMaxOrdered = 512;  // kMaxOrderedSeqs of gpu/prefill/sequences.cuh (device code)
+  for (const int64_t n : {int64_t{2}, kMaxOrdered, kMaxOrdered + 1}) {
+    std::mt19937_64 rng(510 + n);
+    std::vector<int64_t> lens(n);
+    for (int64_t& len : lens) len = static_cast<int64_t>(rng() % 71);
+    expect_matches_oracle(packed(lens, 1, 510 + n));
+  }
+}
+
 TEST_F(GpuPrefillPersistent, LargeInitialStateLittleDecay) {
   for (const DType dtype : {DType::kBF16, DType::kF32})
     for (const float gc : {-8.0f, 0.0f}) {

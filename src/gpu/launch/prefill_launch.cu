@@ -141,6 +141,12 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
+// Whether the persistent pass takes sequences longest first (sequences.cuh): several of them, of
+// lengths that can differ (FLASHKDA_SEQ_ORDER=0 keeps the order 0, 1, ..., for comparison).
+bool orders_sequences(const Problem& p) {
+  return p.cu_seqlens && p.N > 1 && p.N <= kMaxOrderedSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
+}
+
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
 // forces it, and only where it applies (V-major states, no checkpoints); nothing chooses it yet.
 bool use_wgmma(const Problem& p) {
@@ -186,6 +192,7 @@ PrefillPlan plan_prefill(const Problem& p) {
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
   } else if (plan.pass == PrefillPlan::Pass::kPersistent) {
     plan.counter_bytes = 128;  // one 8-byte counter on a 128-byte line of its own
+    if (orders_sequences(p)) plan.counter_bytes += static_cast<size_t>(p.N) * sizeof(int);
   }
   return plan;
 }
@@ -199,10 +206,12 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
   if (p.total_tokens > 0) {
     auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
+    int* order = persistent && plan.counter_bytes > 128 ? reinterpret_cast<int*>(after_records + 128) : nullptr;
     PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
                     activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
+    prep.seq_order = order;
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
@@ -224,6 +233,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   }
   if (persistent) {  // the prep kernel above zeroed the counter
     state.item_counter = reinterpret_cast<unsigned long long*>(after_records);
+    if (plan.counter_bytes > 128) state.seq_order = reinterpret_cast<const int*>(after_records + 128);
     launch_state_persistent(state, plan.multiprocessors, stream);
     return;
   }

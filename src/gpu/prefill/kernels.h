@@ -23,6 +23,7 @@ struct PrepParams {
   SequenceTable seqs;
   uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (WgmmaRecord::kBytes with wgmma_record)
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
+  int* seq_order = nullptr;          // [N] written by block (0, 0): sequences longest first (persistent pass)
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
 };
 
@@ -62,6 +63,7 @@ struct StateParams {
   uint16_t* out;               // [total, H, 128] bf16
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
+  const int* seq_order = nullptr;  // persistent pass: the order sequences' items are taken in, or nullptr (0, 1, ..)
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
 };
 

@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int h = blockIdx.y;
   // The persistent state pass that follows in the stream counts its items from zero.
   if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) *p.item_counter = 0;
+  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
   int64_t seq, t0;
   int count;
   locate_slot(p.seqs, slot, seq, t0, count);

@@ -35,7 +35,27 @@ struct SequenceTable {
   }
 
   __device__ __forceinline__ int64_t first_slot(int64_t n, int64_t bos) const { return bos / kChunk + n; }
+
+  // order[r] = the sequence of rank r, longest first (ties by index), computed by the calling
+  // block: each thread ranks its sequences by counting the ones before them, O(N^2 / threads),
+  // so callers keep N small (kMaxOrderedSeqs).
+  __device__ void order_by_length(int* order) const {
+    for (int64_t n = threadIdx.x; n < num_seqs; n += blockDim.x) {
+      const int64_t len = offset(n + 1) - offset(n);
+      int64_t rank = 0;
+      for (int64_t m = 0; m < num_seqs; ++m) {
+        const int64_t other = offset(m + 1) - offset(m);
+        rank += other > len || (other == len && m < n);
+      }
+      order[rank] = static_cast<int>(n);
+    }
+  }
 };
+
+// Sequences the persistent state pass takes longest first: with more (sequence, head) items than
+// multiprocessors, a long sequence taken last runs alone at the end. Above this count the ranking
+// (in one block of the prep kernel) would cost more than it saves, and the order stays 0, 1, ...
+constexpr int64_t kMaxOrderedSeqs = 512;
 
 inline int64_t num_chunk_slots(int64_t total_tokens, int64_t num_seqs) {
   return total_tokens / kChunk + num_seqs + 1;

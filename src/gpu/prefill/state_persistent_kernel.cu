@@ -6,7 +6,7 @@
 // against 8 x 1.36 us), and one 288-thread block per multiprocessor hides none of it. Here one
 // block per multiprocessor (8x1 layout) takes item blockIdx.x, then items from a counter in the
 // workspace (zeroed by the prep kernel), so long and short items balance as the hardware's block
-// scheduler would balance them; its producer warp streams the items' chunks back to back through
+// scheduler would balance them, the longest sequences' first (seq_order, from the prep kernel); its producer warp streams the items' chunks back to back through
 // one pipeline, and copies each item's initial state into shared memory as soon as the
 // consumers have read the previous one, so no item starts with a device-memory load.
 #include <cuda_runtime.h>
@@ -79,23 +79,27 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
     int s = 0;
     uint32_t parity = 0, fills = 0;
-    int64_t j = blockIdx.x;  // first item by block index, the rest from the shared counter
+    // Items are taken in order: k-th item = (sequence seq_order[k / H] or k / H, head k % H); it
+    // is handed to the consumers as j = sequence H + head.
+    auto item_of = [&](int64_t k) { return (p.seq_order ? p.seq_order[k / H] : k / H) * H + k % H; };
+    int64_t k = blockIdx.x;  // first item by block index, the rest from the shared counter
     for (uint32_t item = 0;; ++item) {
       // The consumers read the previous item's number and state before its first chunk step.
       if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
       // Padding sequences' items never reach the consumers: nothing is written for them.
-      while (j < items && !p.slots.runs(p.slots.start(j / H), p.initial_state != nullptr)) {
+      while (k < items && !p.slots.runs(p.slots.start(item_of(k) / H), p.initial_state != nullptr)) {
         int64_t next = 0;
         if (lane == 0) next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
-        j = __shfl_sync(0xffffffffu, next, 0);
+        k = __shfl_sync(0xffffffffu, next, 0);
       }
-      if (j >= items) {
+      if (k >= items) {
         if (lane == 0) {
           *item_slot = -1;  // no more items
           ptx::mbarrier_arrive(&state_full);
         }
         return;
       }
+      const int64_t j = item_of(k);
       if (lane == 0) *item_slot = j;  // published by the arrive below (release)
       if (p.initial_state) {
         const uint32_t row_bytes = f32_in ? 512 : 256;
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         }
         next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
       }
-      j = __shfl_sync(0xffffffffu, next, 0);
+      k = __shfl_sync(0xffffffffu, next, 0);
     }
   }
 
