@@ -44,18 +44,14 @@ struct PrefillPlan {
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
-  // kPerItem: the state pass runs while the prep kernel writes the records, taking each chunk's
-  // record once its ready flag is set (prefill_launch.cu, "Overlap").
-  bool overlap = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
-  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets) or
-  // the overlap's hand-off (the prep blocks' finished count on 128 bytes, a ready flag per record).
+  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
-  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, handoff_bytes = 0;
+  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
-    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + handoff_bytes;
+    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes;
   }
 };
 

@@ -147,20 +147,6 @@ bool orders_sequences(const Problem& p) {
   return p.cu_seqlens && p.N > 1 && p.N <= kMaxOrderedSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
 }
 
-// Overlap: the per-item state pass runs while the prep kernel writes the records. The state
-// kernel is launched first and lets the prep grid start beside it (programmatic dependent
-// launch); its producer takes each chunk's record once the prep block has set its ready flag, so
-// the two kernels' times overlap instead of adding up (P1: prep ~0.56 ms, state pass ~0.69 ms,
-// one after the other). Only where it cannot deadlock: every state block must be resident at
-// once (the prep grid starts when all of them have started) with room for a prep block beside it
-// on its multiprocessor (one block per multiprocessor at most: 8x1 with 6 stages uses 163 KB and
-// 46 K registers, a prep block 35 KB and 10 K); the prep blocks never wait on the state pass.
-// FLASHKDA_OVERLAP=0 turns it off (the two kernels one after the other).
-bool use_overlap(const Problem& p, StateConfig c, int sms) {
-  if (p.total_tokens == 0 || forced_switch("FLASHKDA_OVERLAP") == 0) return false;
-  return p.N * p.H * (8 / c.value_slices) <= sms;
-}
-
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
 // forces it, and only where it applies (V-major states, no checkpoints); nothing chooses it yet.
 bool use_wgmma(const Problem& p) {
@@ -199,10 +185,6 @@ PrefillPlan plan_prefill(const Problem& p) {
   }
   plan.value_slices = c.value_slices;
   plan.key_parts = c.key_parts;
-  if (plan.pass == PrefillPlan::Pass::kPerItem && use_overlap(p, c, plan.multiprocessors)) {
-    plan.overlap = true;
-    plan.handoff_bytes = 128 + static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
-  }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
@@ -222,15 +204,16 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   auto* records = static_cast<uint8_t*>(workspace);
   auto* after_records = records + plan.record_bytes;  // 128-byte aligned: kBytes % 128 == 0
   const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
-  const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
-  auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
-  int* order = persistent && plan.counter_bytes > 128 ? reinterpret_cast<int*>(after_records + 128) : nullptr;
-  PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
-                  activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
-                  static_cast<int>(p.H), seqs, records, counter};
-  prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
-  prep.seq_order = order;
-  if (!plan.overlap && p.total_tokens > 0) launch_prep(prep, slots, stream);
+  if (p.total_tokens > 0) {
+    auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
+    int* order = persistent && plan.counter_bytes > 128 ? reinterpret_cast<int*>(after_records + 128) : nullptr;
+    PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
+                    activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
+                    static_cast<int>(p.H), seqs, records, counter};
+    prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
+    prep.seq_order = order;
+    launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
+  }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
   StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk),
                     records,
@@ -255,18 +238,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
-  if (plan.overlap) {  // the hand-off zeroed, the state pass, then the prep kernel beside it
-    auto* finished = reinterpret_cast<uint32_t*>(after_records);
-    auto* ready = reinterpret_cast<uint32_t*>(after_records + 128);
-    const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.handoff_bytes, stream);
-    if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prefill hand-off flags failed: ", cudaGetErrorString(err));
-    state.ready = ready;
-    launch_state(state, config, stream);
-    prep.ready = ready;
-    prep.finished = finished;
-    launch_prep(prep, slots, stream);
-    return;
-  }
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

@@ -24,11 +24,6 @@ struct PrepParams {
   uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (WgmmaRecord::kBytes with wgmma_record)
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
   int* seq_order = nullptr;          // [N] written by block (0, 0): sequences longest first (persistent pass)
-  // Overlapped with the state pass (launched after it, programmatically): ready[slot H + h] is set
-  // once that record is written; `finished` counts the blocks done, and the last one waits for
-  // the state grid, so that this grid completes after it. nullptr: not overlapped.
-  uint32_t* ready = nullptr;         // [slots, H], zeroed before the launches
-  uint32_t* finished = nullptr;      // zeroed before the launches
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
 };
 
@@ -69,7 +64,6 @@ struct StateParams {
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
   const int* seq_order = nullptr;  // persistent pass: the order sequences' items are taken in, or nullptr (0, 1, ..)
-  const uint32_t* ready = nullptr;  // per-item pass overlapped with prep: a record's flag, set once written (PrepParams)
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
 };
 
@@ -101,10 +95,8 @@ struct StateConfig {
   int key_parts;
 };
 
-// Prep: a block of 128 threads per (slot, head), heads fastest then slots (the order the state
-// pass takes records in). State pass: see state_kernel.cu; its persistent form (8x1 layout,
-// min(N H, sms) blocks; no split): see state_persistent_kernel.cu. With p.ready, the prep kernel
-// is launched to run beside the state kernel launched just before it (programmatic dependent launch).
+// Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see state_kernel.cu; its persistent form
+// (8x1 layout, min(N H, sms) blocks; no split): see state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);

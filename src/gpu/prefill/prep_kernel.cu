@@ -10,7 +10,6 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -18,22 +17,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int64_t kMaxGridY = 65535;  // slots go over grid.y, then grid.z
-
-// Overlapped with the state pass (p.ready): the block's record is published (every thread's
-// stores, then the flag) and the block counted; the last block to finish waits for the state
-// grid, so that this grid completes after it and the work after the call sees both.
-__device__ __forceinline__ void finish_block(const PrepParams& p, int64_t slot, int h, bool wrote) {
-  if (!p.ready) return;
-  if (wrote) ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  if (wrote) {
-    __threadfence();
-    ptx::store_release_gpu(p.ready + slot * p.num_heads + h, 1u);
-  }
-  const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
-  if (atomicAdd(p.finished, 1u) == blocks - 1) ptx::griddep_wait();
-}
 
 // Finds the chunk a slot holds: its sequence, first token and token count (0 for an unused slot).
 __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& seq, int64_t& t0,
@@ -179,10 +162,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   int64_t seq, t0;
   int count;
   locate_slot(p.seqs, slot, seq, t0, count);
-  if (count == 0) {  // uniform over the block
-    finish_block(p, slot, h, false);
-    return;
-  }
+  if (count == 0) return;  // uniform over the block
 
   __shared__ __align__(128) PrepSmem sm;
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
@@ -513,29 +493,25 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     }
     small[ChunkRecord::kDecay / 4 + c] = e_C;
   }
-  finish_block(p, slot, h, true);
 }
 
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
+  // Heads fastest, then slots: blocks running at once read neighbouring rows of q, k, g ([T, H,
+  // 128]) and the state pass's first chunks are written first. Measured on the H200 against
+  // slots fastest: P1 1.245 -> 1.204 ms, P4 0.798 -> 0.786, P10 1.613 -> 1.565.
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
-                                     : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  // Overlapped: the state kernel just launched lets this grid start while it runs.
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = 1;
-  if (p.ready) {
-    config.attrs = overlap;
-    config.numAttrs = 1;
+  if (p.wgmma_record) {
+    if (p.softplus_gate) prep_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
+    else prep_kernel<false, true><<<grid, kThreads, 0, stream>>>(p);
+  } else if (p.softplus_gate) {
+    prep_kernel<true, false><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    prep_kernel<false, false><<<grid, kThreads, 0, stream>>>(p);
   }
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
 }
 

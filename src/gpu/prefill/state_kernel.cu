@@ -18,19 +18,11 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
 namespace {
 
 using namespace state_pass;
-
-// Overlapped with the prep kernel: waits until chunk's record is written (PrepParams::ready);
-// the proxy fence orders the flag's acquire before the bulk copy's reads of the record.
-__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
-  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(100);
-  ptx::fence_proxy_async_global();
-}
 
 // The identity as the initial state (rows v, columns k): the split pass's A run.
 template <int kTiles>
@@ -61,7 +53,6 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 template <int VW, int KS, int STAGES, bool kSplit, bool kServing = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
-  ptx::griddep_launch_dependents();  // an overlapped prep grid may start (p.ready); a no-op otherwise
   constexpr int kStages = STAGES;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -114,7 +105,6 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     const bool zero_v = a_run;
     for (int c = c_begin; c < c_end; ++c) {
       if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
-      if (p.ready) wait_ready(p.ready + (slot0 + c) * H + h);  // overlapped with the prep kernel
       fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
       next_stage<kStages>(s, parity);
