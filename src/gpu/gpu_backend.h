@@ -44,6 +44,7 @@ struct PrefillPlan {
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
+  int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)

@@ -185,6 +185,11 @@ PrefillPlan plan_prefill(const Problem& p) {
   }
   plan.value_slices = c.value_slices;
   plan.key_parts = c.key_parts;
+  if (const char* forced = std::getenv("FLASHKDA_PREP_BLOCKS_PER_SM")) {
+    if (std::sscanf(forced, "%d", &plan.prep_blocks_per_sm) != 1 || plan.prep_blocks_per_sm < 1 ||
+        plan.prep_blocks_per_sm > 6)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
+  }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
@@ -212,6 +217,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     static_cast<int>(p.H), seqs, records, counter};
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
+    prep.blocks_per_sm = plan.prep_blocks_per_sm;
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)

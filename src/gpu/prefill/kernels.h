@@ -24,6 +24,10 @@ struct PrepParams {
   uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (WgmmaRecord::kBytes with wgmma_record)
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
   int* seq_order = nullptr;          // [N] written by block (0, 0): sequences longest first (persistent pass)
+  // 0: as many blocks a multiprocessor as fit (6); 1..5: shared memory padded so that at most
+  // this many do (FLASHKDA_PREP_BLOCKS_PER_SM, an experiment: prep's throughput at the occupancy a
+  // kernel sharing the multiprocessors with the state pass would leave it).
+  int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
 };
 

@@ -503,14 +503,20 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // slots fastest: P1 1.245 -> 1.204 ms, P4 0.798 -> 0.786, P10 1.613 -> 1.565.
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  if (p.wgmma_record) {
-    if (p.softplus_gate) prep_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
-    else prep_kernel<false, true><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.softplus_gate) {
-    prep_kernel<true, false><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    prep_kernel<false, false><<<grid, kThreads, 0, stream>>>(p);
+  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
+                                     : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
+  size_t pad = 0;
+  if (p.blocks_per_sm > 0) {  // blocks_per_sm + 1 blocks must not fit a multiprocessor's shared memory
+    int device = 0, per_sm = 0, reserved = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    const size_t block = sizeof(PrepSmem) + static_cast<size_t>(reserved);
+    const size_t share = static_cast<size_t>(per_sm) / static_cast<size_t>(p.blocks_per_sm);
+    pad = share > block + 16 ? share - block - 16 : 0;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad));
   }
+  kernel<<<grid, kThreads, pad, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
 }
