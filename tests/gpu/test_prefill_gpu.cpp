@@ -395,6 +395,25 @@ TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
   expect_matches_oracle(kimi_softplus(host, 607));
 }
 
+// FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:
+// the records, and so every output, stay bit for bit those of the unpadded launch.
+TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
+  RandomProblem host(packed({300, 17, 64}, 3, 23));
+  DeviceProblem dev(host);
+  dev.poison_outputs();
+  dev.run();
+  const std::vector<uint16_t> out = dev.out();
+  const std::vector<uint8_t> state = dev.final_state();
+  for (const char* n : {"1", "3"}) {
+    setenv("FLASHKDA_PREP_BLOCKS_PER_SM", n, 1);
+    dev.poison_outputs();
+    dev.run();
+    EXPECT_TRUE(dev.out() == out) << n << " blocks a multiprocessor: out differs";
+    EXPECT_TRUE(dev.final_state() == state) << n << " blocks a multiprocessor: final state differs";
+  }
+  unsetenv("FLASHKDA_PREP_BLOCKS_PER_SM");
+}
+
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
