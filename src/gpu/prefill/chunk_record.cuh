@@ -64,7 +64,8 @@ struct WgmmaRecord {
   static constexpr uint32_t kChannelTile = kHeadDim * 32;  // a k-step tile of 128 channel rows (4096 B)
   // Wk and Qe share their A operand (S^T): one m64n32k8 product a k-step reads both, so each
   // k-step's tile holds Wk's 16 token rows then Qe's.
-  static constexpr uint32_t kWkQe = 0;                                 // [16 k-steps][Wk 16 t, Qe 16 t][8 k-slots], k permuted
+  // [16 k-steps][Wk 16 t, Qe 16 t][8 k-slots], k permuted
+  static constexpr uint32_t kWkQe = 0;
   static constexpr uint32_t kKr = kWkQe + (kHeadDim / 8) * kPairTile;  // Kr [2 t-steps][128 k][8 t-slots], t permuted
   static constexpr uint32_t kW = kKr + (kChunk / 8) * kChannelTile;    // W  [hi, lo][2 t'-steps][16 t][8 t'-slots]
   static constexpr uint32_t kM = kW + 2 * (kChunk / 8) * kTokenTile;   // M  [2 t'-steps][16 t][8 t'-slots], permuted

@@ -99,13 +99,14 @@ struct StateConfig {
   int key_parts;
 };
 
-// Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see state_kernel.cu; its persistent form
-// (8x1 layout, min(N H, sms) blocks; no split): see state_persistent_kernel.cu.
+// Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see
+// state_kernel.cu; its persistent form (8x1 layout, min(N H, sms) blocks; no split): see
+// state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
 // The experimental wgmma state pass (state_wgmma_kernel.cu): records in WgmmaRecord's layout,
-// per item, V-major states, no checkpoints; one block of 288 threads per (sequence, head).
+// per item, V-major states, no checkpoints; one block of 256 threads per (sequence, head).
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream);
 // grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);

@@ -6,9 +6,10 @@
 // against 8 x 1.36 us), and one 288-thread block per multiprocessor hides none of it. Here one
 // block per multiprocessor (8x1 layout) takes item blockIdx.x, then items from a counter in the
 // workspace (zeroed by the prep kernel), so long and short items balance as the hardware's block
-// scheduler would balance them, the longest sequences' first (seq_order, from the prep kernel); its producer warp streams the items' chunks back to back through
-// one pipeline, and copies each item's initial state into shared memory as soon as the
-// consumers have read the previous one, so no item starts with a device-memory load.
+// scheduler would balance them, the longest sequences' first (seq_order, from the prep kernel);
+// its producer warp streams the items' chunks back to back through one pipeline, and copies each
+// item's initial state into shared memory as soon as the consumers have read the previous one,
+// so no item starts with a device-memory load.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"

@@ -7,10 +7,10 @@
 // warpgroup wg holds rows 64 wg + 16 w .. + 15 of S^T [128 v][128 k] as an m64n128 accumulator,
 // the same fragments as one 8x1 warp's, so state loads, stores and out stores are
 // state_step.cuh's). Thread 0 also keeps the chunks (WgmmaRecord + the v rows) in flight: it
-// refills a stage a step after every thread has released it. No producer warp: a ninth warp caps every
-// thread at 168 registers (3 warps on a quarter of the register file) and the step needs ~180;
-// a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The chunk
-// step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
+// refills a stage a step after every thread has released it. No producer warp: a ninth warp caps
+// every thread at 168 registers (3 warps on a quarter of the register file) and the kernel needs
+// 188; a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The
+// chunk step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
 // it alone against fp64. Per item only (no split or persistent pass), V-major states, no
 // checkpoints: other calls keep the mma.sync passes.
 #include <cuda_runtime.h>

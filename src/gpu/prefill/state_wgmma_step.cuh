@@ -6,7 +6,8 @@
 //   groups 3, 4: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
 // What ptxas needs to keep the wgmmas pipelined (found with -Xptxas -v, see docs/perf-notes.md):
 // each accumulator's products in a group of their own; the A operand taken from WV^T's
-// accumulator copied into registers of its own (one add); S^T's A fragments left unpinned.
+// accumulator copied into registers of its own (one add); S^T's A fragments left unpinned; no
+// accumulator that is a view into another or a copy of one (O^T's M product accumulates apart).
 #pragma once
 
 #include <cstdint>
