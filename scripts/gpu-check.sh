@@ -28,7 +28,9 @@ note() { echo "$*" | tee -a "$summary"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>&1 |
   sed 's/^/gpu: /' | tee -a "$summary"
-note "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes)')"
+# The checkout's git state as this machine sees it; a copied working tree may carry an older .git
+# than its files (seen on the device machine), so COMMIT= from the caller takes precedence.
+note "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes, or a stale .git)')}"
 
 if [ -n "${PREBUILT:-}" ]; then
   TEST_DIR=$PREBUILT
