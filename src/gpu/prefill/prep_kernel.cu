@@ -499,8 +499,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // Heads fastest, then slots: blocks running at once read neighbouring rows of q, k, g ([T, H,
-  // 128]) and the state pass's first chunks are written first. Measured on the H200 against
-  // slots fastest: P1 1.245 -> 1.204 ms, P4 0.798 -> 0.786, P10 1.613 -> 1.565.
+  // 128]) and the state pass's first chunks are written first. On the H200 (bench/results,
+  // 2f353a9 against cf8bf4a, slots fastest against heads fastest): P1 1.245 -> 1.218 ms,
+  // P4 0.798 -> 0.787, P10 1.613 -> 1.608 (repeat 1.621 -> 1.585).
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
   const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
