@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "commands.h"
@@ -15,8 +17,23 @@
 #include "json_writer.h"
 #include "oracle_check.h"
 
+extern "C" char** environ;
+
 namespace flashkda::cli {
 namespace {
+
+// The FLASHKDA_* variables set for this run (kernel overrides, experiments such as
+// FLASHKDA_STATE_WGMMA=1), by name: a result measured under one of them is not the library's
+// default, so the table's header and the JSON name them.
+std::map<std::string, std::string> flashkda_overrides() {
+  std::map<std::string, std::string> set;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, "FLASHKDA_", 9) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    if (eq) set.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return set;
+}
 
 // A decode case of docs/benchmark.md: N requests of T tokens as [N, T, H, *] rows (no
 // cu_seqlens), their states in a pool of `pool` dtype, updated in place, or with `verify` the
@@ -532,6 +549,12 @@ int bench_command(int argc, char** argv, int first) {
   const bool scaled = !gpu && !flags.shape_given();
 
   std::printf("flashkda %s bench, commit %s\n", version(), commit.c_str());
+  const std::map<std::string, std::string> overrides = flashkda_overrides();
+  if (!overrides.empty()) {
+    std::printf("overrides:");
+    for (const auto& [name, value] : overrides) std::printf(" %s=%s", name.c_str(), value.c_str());
+    std::printf(" (not the library's default choices)\n");
+  }
   RunContext ctx;
   ctx.gpu = gpu;
   ctx.scaled = scaled;
@@ -610,6 +633,8 @@ int bench_command(int argc, char** argv, int first) {
   j["tool"] = "flashkda bench";
   j["version"] = version();
   j["commit"] = commit;
+  j["overrides"] = Json::object();
+  for (const auto& [name, value] : overrides) j["overrides"][name] = value;
   j["backend"] = backend_name(backend);
   if (gpu) {
     j["device"] = device;
