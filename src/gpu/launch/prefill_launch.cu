@@ -141,6 +141,10 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
+// The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
+// (orders_sequences) the sequence order, [N] int32.
+constexpr size_t kItemCounterBytes = 128;
+
 // Whether the persistent pass takes sequences longest first (sequences.cuh): several of them, of
 // lengths that can differ (FLASHKDA_SEQ_ORDER=0 keeps the order 0, 1, ..., for comparison).
 bool orders_sequences(const Problem& p) {
@@ -196,7 +200,7 @@ PrefillPlan plan_prefill(const Problem& p) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
   } else if (plan.pass == PrefillPlan::Pass::kPersistent) {
-    plan.counter_bytes = 128;  // one 8-byte counter on a 128-byte line of its own
+    plan.counter_bytes = kItemCounterBytes;
     if (orders_sequences(p)) plan.counter_bytes += static_cast<size_t>(p.N) * sizeof(int);
   }
   return plan;
@@ -209,9 +213,12 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   auto* records = static_cast<uint8_t*>(workspace);
   auto* after_records = records + plan.record_bytes;  // 128-byte aligned: kBytes % 128 == 0
   const bool persistent = plan.pass == PrefillPlan::Pass::kPersistent;
+  // The persistent pass's counter and sequence order, both written by the prep kernel.
+  auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
+  int* order = persistent && plan.counter_bytes > kItemCounterBytes
+                   ? reinterpret_cast<int*>(after_records + kItemCounterBytes)
+                   : nullptr;
   if (p.total_tokens > 0) {
-    auto* counter = persistent ? reinterpret_cast<unsigned long long*>(after_records) : nullptr;
-    int* order = persistent && plan.counter_bytes > 128 ? reinterpret_cast<int*>(after_records + 128) : nullptr;
     PrepParams prep{activation_view(p.q, p.q_rows, p, p.K), activation_view(p.k, p.k_rows, p, p.K),
                     activation_view(p.g, p.g_rows, p, p.K), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.gate == Gate::kSoftplus, p.scale,
                     static_cast<int>(p.H), seqs, records, counter};
@@ -237,9 +244,9 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     launch_state_wgmma(state, stream);
     return;
   }
-  if (persistent) {  // the prep kernel above zeroed the counter
-    state.item_counter = reinterpret_cast<unsigned long long*>(after_records);
-    if (plan.counter_bytes > 128) state.seq_order = reinterpret_cast<const int*>(after_records + 128);
+  if (persistent) {  // the prep kernel above zeroed the counter and wrote the order
+    state.item_counter = counter;
+    state.seq_order = order;
     launch_state_persistent(state, plan.multiprocessors, stream);
     return;
   }
