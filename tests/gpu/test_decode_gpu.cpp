@@ -1,7 +1,8 @@
 // The recurrent kernel on decode-shaped calls (a few tokens a request) against the fp64 oracle:
 // the plain [N, T] form for T = 1..8, both gates and state dtypes; a state pool updated in place
 // inside a captured CUDA graph, replayed with new slots and inputs; device-side guards for
-// indices nobody checked; host checks of device indices. The serving features at every length
+// indices nobody checked; host checks of device indices; the streaming form against the block
+// form with many work items a warp. The serving features at every length
 // (pools, per-token states, checkpoints, strided inputs) run in test_serving_gpu.
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
@@ -13,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/bf16.h"
@@ -186,6 +188,109 @@ TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {
 INSTANTIATE_TEST_SUITE_P(PoolDtypes, GpuDecodeGraph, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(info.param == DType::kF32 ? "fp32" : "bf16");
+                         });
+
+// The streaming form (the default) with many work items a warp: N H 8 items far above the
+// resident warps, so each warp's ring of staged tiles wraps many times; shuffled pool slots with
+// padding requests, both pool dtypes and layouts, 1 and 3 tokens a request. The same bits as the
+// block form (FLASHKDA_RECURRENT_FORM=blocks: the same arithmetic, loaded another way), within the
+// bar of the oracle, and slots not addressed unchanged.
+class GpuDecodeStreaming : public GpuDecode, public ::testing::WithParamInterface<std::tuple<DType, StateLayout>> {
+ protected:
+  void TearDown() override { unsetenv("FLASHKDA_RECURRENT_FORM"); }
+};
+
+TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
+  constexpr int64_t N = 160, H = 16, D = 128, P = 2 * N;
+  const auto [dtype, layout] = GetParam();
+  const size_t es = dtype == DType::kF32 ? 4 : 2;
+  const size_t per_request = static_cast<size_t>(H * D * D);
+  for (const int64_t T : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << T << " tokens, " << dtype_name(dtype) << " pool");
+    ProblemSpec spec;
+    spec.B = N, spec.T = T, spec.H = H;
+    spec.final_state = false;
+    spec.seed = 90 + T;
+    RandomProblem host(spec);
+    DeviceProblem dev(host);
+    std::mt19937 rng(91 + T);
+    std::normal_distribution<float> normal;
+    std::vector<uint8_t> pool(static_cast<size_t>(P) * per_request * es);
+    for (size_t e = 0; e < pool.size() / es; ++e) {
+      const float x = normal(rng);
+      if (dtype == DType::kF32) std::memcpy(pool.data() + 4 * e, &x, 4);
+      else {
+        const uint16_t b = float_to_bf16(x);
+        std::memcpy(pool.data() + 2 * e, &b, 2);
+      }
+    }
+    std::vector<int32_t> slots(P);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    std::vector<int32_t> idx(slots.begin(), slots.begin() + N);
+    for (int64_t n = 5; n < N; n += 16) idx[n] = -1;  // padding requests
+    uint8_t* d_pool = to_device(pool);
+    int32_t* d_idx = to_device(idx);
+    ForwardArgs a = dev.args();
+    a.initial_state = a.final_state = make_tensor(d_pool, dtype, P, H, D, D);
+    a.state_indices = make_tensor(d_idx, DType::kI32, N);
+    a.state_layout = layout;
+
+    std::vector<std::vector<uint16_t>> outs;
+    std::vector<std::vector<uint8_t>> pools;
+    for (const char* form : {"streaming", "blocks"}) {
+      setenv("FLASHKDA_RECURRENT_FORM", form, 1);
+      check_cuda(cudaMemcpy(d_pool, pool.data(), pool.size(), cudaMemcpyHostToDevice), "pool");
+      check_cuda(cudaMemset(dev.problem().out, 0xFF, host.out_size() * 2), "poison out");
+      forward(a, nullptr, 0, nullptr);
+      check_cuda(cudaDeviceSynchronize(), form);
+      outs.push_back(to_host(dev.problem().out, host.out_size()));
+      pools.push_back(to_host(d_pool, pool.size()));
+    }
+    EXPECT_TRUE(outs[0] == outs[1]) << "out: the streaming and block forms differ";
+    EXPECT_TRUE(pools[0] == pools[1]) << "pool: the streaming and block forms differ";
+
+    Problem ref = host.problem();
+    ref.initial_state = pool.data();
+    ref.initial_state_dtype = dtype;
+    ref.initial_slots = ref.final_slots = P;
+    ref.state_indices = idx.data();
+    ref.state_indices_dtype = DType::kI32;
+    ref.state_layout = layout;
+    std::vector<double> ref_out(host.out_size()), ref_state(static_cast<size_t>(N) * per_request);
+    oracle_forward(ref, ref_out.data(), ref_state.data());
+    const size_t rows = static_cast<size_t>(T * H * D);  // a request's out
+    double worst_out = 0, worst_state = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (idx[n] < 0) {
+        for (size_t e = 0; e < rows; ++e) ASSERT_EQ(outs[0][n * rows + e], 0xFFFF) << "padding request's out written";
+        continue;
+      }
+      worst_out = std::max(worst_out, rel_error(ref_out.data() + n * rows, outs[0].data() + n * rows, rows));
+      worst_state = std::max(worst_state, rel_error(ref_state.data() + n * per_request,
+                                                    pools[0].data() + idx[n] * per_request * es, dtype, per_request));
+    }
+    EXPECT_LE(worst_out, kBar);
+    EXPECT_LE(worst_state, kBar);
+    std::printf("  [gpu vs oracle] streaming decode, %lld x %lld tokens, %s pool, %s: out %.2e  state %.2e\n",
+                static_cast<long long>(N), static_cast<long long>(T), dtype_name(dtype),
+                layout == StateLayout::kVK ? "V-major" : "K-major", worst_out, worst_state);
+    for (int64_t s = 0; s < P; ++s)
+      if (std::find(idx.begin(), idx.end(), s) == idx.end())
+        ASSERT_EQ(0, std::memcmp(pool.data() + s * per_request * es, pools[0].data() + s * per_request * es,
+                                 per_request * es))
+            << "slot " << s << " is not addressed but changed";
+    cudaFree(d_pool);
+    cudaFree(d_idx);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PoolForms, GpuDecodeStreaming,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(StateLayout::kVK, StateLayout::kKV)),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, StateLayout>>& info) {
+                           return std::string(std::get<0>(info.param) == DType::kF32 ? "fp32" : "bf16") +
+                                  (std::get<1>(info.param) == StateLayout::kVK ? "_VK" : "_KV");
                          });
 
 // Indices nobody checked (SeqlenCheck::kDeviceGuardsOnly): a slot outside the pool is skipped
