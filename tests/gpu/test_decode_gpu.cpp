@@ -267,8 +267,16 @@ TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
         continue;
       }
       worst_out = std::max(worst_out, rel_error(ref_out.data() + n * rows, outs[0].data() + n * rows, rows));
-      worst_state = std::max(worst_state, rel_error(ref_state.data() + n * per_request,
-                                                    pools[0].data() + idx[n] * per_request * es, dtype, per_request));
+      // The oracle's states are V-major: a K-major slot is compared transposed.
+      std::vector<uint8_t> slot(pools[0].begin() + idx[n] * per_request * es,
+                                pools[0].begin() + (idx[n] + 1) * per_request * es);
+      if (layout == StateLayout::kKV)
+        for (size_t h = 0; h < static_cast<size_t>(H); ++h)
+          for (size_t kk = 0; kk < static_cast<size_t>(D); ++kk)
+            for (size_t vv = 0; vv < static_cast<size_t>(D); ++vv)
+              std::memcpy(slot.data() + ((h * D + vv) * D + kk) * es,
+                          pools[0].data() + idx[n] * per_request * es + ((h * D + kk) * D + vv) * es, es);
+      worst_state = std::max(worst_state, rel_error(ref_state.data() + n * per_request, slot.data(), dtype, per_request));
     }
     EXPECT_LE(worst_out, kBar);
     EXPECT_LE(worst_state, kBar);

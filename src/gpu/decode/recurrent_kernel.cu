@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
     if (t + 1 < len) next = load_token(p, bos + t + 1, h, at);  // in flight during this token
 
     float o[kRowsPerLane];
-    token_step(p, s, prep, static_cast<int>(t & 1), x, gate, at, o, widen);
+    token_step(p, s, prep, static_cast<int>(t & 1), x, gate, at, o, widen, [] {});
     if constexpr (Shape::kBlocksPerHead == 1) __syncthreads();  // every lane has read this token's row
     store_out(p, o, bos + t, h, at);
     store_token_state<L>(p, s, n, t, h, at);

@@ -188,11 +188,14 @@ __device__ __forceinline__ float decay(float x, float exp_a_log, float lower_bou
 // warp meets at one __syncwarp), then S' = Diag(exp(a)) S, u = beta (v - S'^T k), S = S' + k u^T
 // and o = S^T q for the lane's 4 value rows (o[j] is complete on every lane of its row).
 // before_read() runs right before the tile's first read (a packed tile is widened, a staged one
-// fetched), after the prep: the tile's registers need not be live during it.
-template <typename BeforeRead>
+// fetched), after the prep: the tile's registers need not be live during it; after_read() right
+// after arithmetic has used every element read (the source of a staged tile may be refilled).
+// `buf` alternates between consecutive tokens of a warp, also across sequences.
+template <typename BeforeRead, typename AfterRead>
 __device__ __forceinline__ void token_step(const RecurrentParams& p, Tile& s, TokenPrep& prep, int buf,
                                            const TokenInputs& x, const HeadGate& gate, const LanePlace& at,
-                                           float (&o)[kRowsPerLane], BeforeRead&& before_read) {
+                                           float (&o)[kRowsPerLane], BeforeRead&& before_read,
+                                           AfterRead&& after_read) {
   {  // this lane's 4 columns of the token's prep
     float q[4], k[4], g[4];
     unpack4(x.q, q);
@@ -230,6 +233,7 @@ __device__ __forceinline__ void token_step(const RecurrentParams& p, Tile& s, To
       s[j][i][3] *= d.w;
     }
   }
+  after_read();
   const float beta = sigmoid(__uint_as_float(uint32_t(x.beta) << 16));
   float v[4];
   unpack4(x.v, v);

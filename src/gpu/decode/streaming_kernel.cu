@@ -16,6 +16,7 @@
 #include "common/fail.h"
 #include "gpu/decode/recurrent_launch.h"
 #include "gpu/decode/recurrent_token.cuh"
+#include "gpu/launch/per_device.h"
 #include "gpu/ptx/cp_async.cuh"
 
 namespace flashkda::gpu {
@@ -35,6 +36,7 @@ struct WarpSmem {
   static constexpr int kStages = kBf16 ? 2 : 1;
   Run runs[kStages][kRuns][32];
   TokenPrep prep;
+  const void* ahead[32];  // a lane's tile_source of the item kStages ahead, parked out of registers
 };
 
 // Work item `item` = ((n * H + h) * kWarpsPerHead + w): value rows 16 w .. 16 w + 15 of head h of
@@ -89,17 +91,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
   for (int k = 0; k < kStages; ++k) stage_tile<L, kBf16>(smem, k, tile_source<L, kBf16>(p, first + k * stride, items, lane), lane);
 
   int stage = 0;
+  int parity = 0;  // token_step's prep buffer: alternates token by token, across items too
   for (int item = first; item < items; item += stride, stage = stage + 1 == kStages ? 0 : stage + 1) {
-    // The tile kStages items ahead goes into this item's stage once this one has been read; its
-    // start slot, read then, is on its way to L1 now.
-    if (p.slots.initial.data && item + kStages * stride < items)
-      p.slots.initial.prefetch(item_at(p, item + kStages * stride, lane).n);
+    // The tile kStages items ahead goes into this item's stage once this one has been read, in
+    // the middle of the first token's step where registers are scarce: its source is found now
+    // and parked in shared memory.
+    smem.ahead[lane] = tile_source<L, kBf16>(p, item + kStages * stride, items, lane);
     ptx::cp_async_wait<kStages - 1>();  // this item's group is complete
     const Item it = item_at(p, item, lane);
     const int64_t start = p.slots.start(it.n);
     // fetch reads the stage into registers, refill then copies the tile ahead into it, each once
     // an item. refill comes after instructions that use every value read from the stage (the
-    // first token's arithmetic, or the final state's stores), so no copy can overtake a read.
+    // first token's decay, or the final state's stores), so no copy can overtake a read.
     bool fetched = false, refilled = false;
     Tile s;
     auto fetch = [&] {
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
     auto refill = [&] {
       if (refilled) return;
       refilled = true;
-      stage_tile<L, kBf16>(smem, stage, tile_source<L, kBf16>(p, item + kStages * stride, items, lane), lane);
+      stage_tile<L, kBf16>(smem, stage, smem.ahead[lane], lane);
     };
     if (!p.slots.runs(start, p.initial_state != nullptr)) {  // padding: nothing is written for it
       refill();
@@ -137,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
 
       float o[kRowsPerLane];
       const HeadGate gate = head_gate(p, it.h, lane);  // loaded a token (L1 hits): registers free between tokens
-      token_step(p, s, smem.prep, static_cast<int>(t & 1), x, gate, it.at, o, fetch);
-      refill();
+      token_step(p, s, smem.prep, parity, x, gate, it.at, o, fetch, refill);
+      parity ^= 1;
       store_out(p, o, bos + t, it.h, it.at);
       store_token_state<L>(p, s, it.n, t, it.h, it.at);
     }
@@ -152,6 +155,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
 
 template <StateLayout L, bool kBf16>
 void launch(const RecurrentParams& p, int items, cudaStream_t stream) {
+  // kBlocksPerSm blocks need 4 x 45 KB of the unified L1 / shared memory as shared memory: ask
+  // for the largest carveout rather than trust the driver's default split.
+  static PerDeviceOnce carved;
+  carved.run("streaming recurrent kernel: setting its shared-memory carveout", [] {
+    return cudaFuncSetAttribute(streaming_kernel<L, kBf16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared);
+  });
   const int blocks = std::min((items + kWarps - 1) / kWarps, multiprocessor_count() * kBlocksPerSm);
   streaming_kernel<L, kBf16><<<blocks, kThreads, kWarps * sizeof(WarpSmem<kBf16>), stream>>>(p, items);
 }
