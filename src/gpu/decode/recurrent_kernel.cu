@@ -52,9 +52,9 @@ __device__ __forceinline__ void widen_tile(Tile& s) {
 template <StateLayout L, int kWarps>
 __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) recurrent_kernel(const RecurrentParams p) {
   using Shape = BlockShape<kWarps>;
-  const int64_t item = blockIdx.x / Shape::kBlocksPerHead;  // (sequence, head)
-  const int64_t n = item / p.num_heads;
-  const int h = static_cast<int>(item % p.num_heads);
+  const int item = blockIdx.x / Shape::kBlocksPerHead;  // (sequence, head); 32-bit: N H 2 <= INT_MAX (the plan)
+  const int n = item / p.num_heads;
+  const int h = item % p.num_heads;
   const LanePlace at =
       lane_place(threadIdx.x % 32, (blockIdx.x % Shape::kBlocksPerHead) * Shape::kRows + threadIdx.x / 32 * kRowsPerWarp);
 
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
   // The first token's inputs, then the tile: the token's prep runs while the tile is in flight.
   const int64_t len = eos - bos;
   TokenInputs next;
-  if (len > 0) next = load_token(p, bos, h, at);
+  if (len > 0) next = load_token(p, batch_row(p, n), bos, h, at);
   const HeadGate gate = head_gate(p, h, at.lane);
 
   Tile s;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
       write_checkpoints<L>(p, s, n, h, t, at);
     }
     const TokenInputs x = next;
-    if (t + 1 < len) next = load_token(p, bos + t + 1, h, at);  // in flight during this token
+    if (t + 1 < len) next = load_token(p, batch_row(p, n), bos + t + 1, h, at);  // in flight during this token
 
     float o[kRowsPerLane];
     token_step(p, s, prep, static_cast<int>(t & 1), x, gate, at, o, widen, [] {});

@@ -126,13 +126,21 @@ struct TokenInputs {
   uint16_t beta;
 };
 
-__device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t row, int h, const LanePlace& at) {
+// Token row `row` of sequence n, whose batch row is known without a division: 0 for packed
+// sequences (cu_seqlens, B = 1), n for [N, T] rows (ActivationView::row divides by T, a 64-bit
+// division that cost five calls of ~70 instructions a token).
+__device__ __forceinline__ int64_t batch_row(const RecurrentParams& p, int64_t n) {
+  return p.seqs.cu_seqlens ? 0 : n;
+}
+
+__device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t b, int64_t row, int h,
+                                                  const LanePlace& at) {
   TokenInputs x;
-  x.q = load4(p.q.row(row, h) + 4 * at.lane, p.vector_loads);
-  x.k = load4(p.k.row(row, h) + 4 * at.lane, p.vector_loads);
-  x.g = load4(p.g.row(row, h) + 4 * at.lane, p.vector_loads);
-  x.v = load4(p.v.row(row, h) + at.v0, p.vector_loads);
-  x.beta = *p.beta.row(row, h);
+  x.q = load4(p.q.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
+  x.k = load4(p.k.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
+  x.g = load4(p.g.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
+  x.v = load4(p.v.row_in_batch(b, row, h) + at.v0, p.vector_loads);
+  x.beta = *p.beta.row_in_batch(b, row, h);
   return x;
 }
 

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
     p.seqs.bounds(it.n, bos, eos);
     const int64_t len = eos - bos;
     TokenInputs next;
-    if (len > 0) next = load_token(p, bos, it.h, it.at);
+    if (len > 0) next = load_token(p, batch_row(p, it.n), bos, it.h, it.at);
 
     for (int64_t t = 0; t < len; ++t) {
       if (p.checkpoints.count > 0 && t % 16 == 0) {
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) streaming_kernel(const
         write_checkpoints<L>(p, s, it.n, it.h, t, it.at);
       }
       const TokenInputs x = next;
-      if (t + 1 < len) next = load_token(p, bos + t + 1, it.h, it.at);  // in flight during this token
+      if (t + 1 < len) next = load_token(p, batch_row(p, it.n), bos + t + 1, it.h, it.at);  // in flight during this token
 
       float o[kRowsPerLane];
       const HeadGate gate = head_gate(p, it.h, lane);  // loaded a token (L1 hits): registers free between tokens

@@ -59,6 +59,7 @@ int forced_kernels() {
 CudaPlan::RecurrentForm recurrent_form(const Problem& p) {
   const bool aliases = p.out == p.q || p.out == p.k || p.out == p.v || p.out == p.g;
   const char* forced = std::getenv("FLASHKDA_RECURRENT_FORM");
+  if (forced && !*forced) forced = nullptr;  // set but empty: as unset
   if (forced && std::strcmp(forced, "blocks") != 0 && std::strcmp(forced, "streaming") != 0 &&
       std::strcmp(forced, "auto") != 0)
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_RECURRENT_FORM: expected 'blocks', 'streaming' or 'auto', got '",
