@@ -25,16 +25,17 @@ struct BlockShape {
 // unpack instruction.
 template <StateLayout L>
 __device__ __forceinline__ void load_tile(Tile& s, const void* head, bool bf16, const LanePlace& at) {
+  if (bf16) {
 #pragma unroll
-  for (int r = 0; r < kRuns; ++r) {
-    const void* src = state_elem(head, bf16, Runs<L>::offset(r, at.v0, at.kl));
-    if (bf16) {
-      const uint2 raw = __ldcs(static_cast<const uint2*>(src));
+    for (int r = 0; r < kRuns; ++r) {
+      const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(run_ptr<L>(static_cast<const uint16_t*>(head), at.v0, at.kl, r)));
       Runs<L>::at(s, r, 0) = __uint_as_float(raw.x);
       Runs<L>::at(s, r, 1) = __uint_as_float(raw.y);
-    } else {
-      set_run<L>(s, r, __ldcs(static_cast<const float4*>(src)));
     }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r)
+      set_run<L>(s, r, __ldcs(reinterpret_cast<const float4*>(run_ptr<L>(static_cast<const float*>(head), at.v0, at.kl, r))));
   }
 }
 

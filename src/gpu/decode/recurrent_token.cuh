@@ -77,23 +77,27 @@ __device__ __forceinline__ void set_run(Tile& s, int r, uint2 packed) {
   set_run<L>(s, r, make_float4(a.x, a.y, b.x, b.y));
 }
 
-// Head state `head` (fp32 or bf16) at byte granularity: element offset -> address.
-__device__ __forceinline__ const void* state_elem(const void* head, bool bf16, int offset) {
-  return static_cast<const char*>(head) + static_cast<int64_t>(offset) * (bf16 ? 2 : 4);
+// Where the lane's run r of a head's state (elements E: float or bf16 bits) starts: run 0's
+// address plus a constant, so that the unrolled runs take immediate offsets, no address math.
+template <StateLayout L, typename E>
+__device__ __forceinline__ E* run_ptr(E* head, int v0, int kl, int r) {
+  return head + Runs<L>::offset(0, v0, kl) + Runs<L>::offset(r, 0, 0);
 }
 
+// Stores the tile in the state's dtype; the dtype branch is outside the unrolled runs.
 template <StateLayout L>
 __device__ __forceinline__ void store_tile(Tile& s, void* head_state, bool bf16, int v0, int kl) {
+  if (bf16) {
 #pragma unroll
-  for (int r = 0; r < kRuns; ++r) {
-    const int off = Runs<L>::offset(r, v0, kl);
-    const float x0 = Runs<L>::at(s, r, 0), x1 = Runs<L>::at(s, r, 1);
-    const float x2 = Runs<L>::at(s, r, 2), x3 = Runs<L>::at(s, r, 3);
-    if (bf16)
-      __stcs(reinterpret_cast<uint2*>(static_cast<uint16_t*>(head_state) + off),
-             make_uint2(ptx::pack_bf16x2(x0, x1), ptx::pack_bf16x2(x2, x3)));
-    else
-      __stcs(reinterpret_cast<float4*>(static_cast<float*>(head_state) + off), make_float4(x0, x1, x2, x3));
+    for (int r = 0; r < kRuns; ++r)
+      __stcs(reinterpret_cast<uint2*>(run_ptr<L>(static_cast<uint16_t*>(head_state), v0, kl, r)),
+             make_uint2(ptx::pack_bf16x2(Runs<L>::at(s, r, 0), Runs<L>::at(s, r, 1)),
+                        ptx::pack_bf16x2(Runs<L>::at(s, r, 2), Runs<L>::at(s, r, 3))));
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r)
+      __stcs(reinterpret_cast<float4*>(run_ptr<L>(static_cast<float*>(head_state), v0, kl, r)),
+             make_float4(Runs<L>::at(s, r, 0), Runs<L>::at(s, r, 1), Runs<L>::at(s, r, 2), Runs<L>::at(s, r, 3)));
   }
 }
 

@@ -58,8 +58,8 @@ __device__ __forceinline__ const void* tile_source(const RecurrentParams& p, int
   const Item it = item_at(p, item, lane);
   const int64_t start = p.slots.start(it.n);
   if (!p.slots.runs(start, true)) return nullptr;
-  return state_elem(head_state(p.initial_state, kBf16, start, p.num_heads, it.h), kBf16,
-                    Runs<L>::offset(0, it.at.v0, it.at.kl));
+  using E = std::conditional_t<kBf16, const uint16_t, const float>;
+  return run_ptr<L>(static_cast<E*>(head_state(p.initial_state, kBf16, start, p.num_heads, it.h)), it.at.v0, it.at.kl, 0);
 }
 
 // Copies the lane's 16 runs from `src` (tile_source) into ring stage `stage` and commits them as
@@ -69,7 +69,8 @@ __device__ __forceinline__ void stage_tile(WarpSmem<kBf16>& smem, int stage, con
   if (src) {
 #pragma unroll
     for (int r = 0; r < kRuns; ++r) {  // run r sits at a constant offset from run 0 in both layouts
-      const void* run = state_elem(src, kBf16, Runs<L>::offset(r, 0, 0));
+      using E = std::conditional_t<kBf16, const uint16_t, const float>;
+      const void* run = static_cast<E*>(src) + Runs<L>::offset(r, 0, 0);
       if constexpr (kBf16) ptx::cp_async_8(&smem.runs[stage][r][lane], run);
       else ptx::cp_async_16(&smem.runs[stage][r][lane], run);
     }
