@@ -2,7 +2,7 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma decode
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
@@ -16,8 +16,7 @@
 # At most 8 files land in $OUT (the device tool returns no more): build.log, gpu-tests.log (the
 # sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
 # h200.md and h200.png. The wgmma step (not a default one) adds bench-default.json and
-# bench-wgmma.json, the decode step bench-streaming.json and bench-blocks.json: run either
-# without bench and python to stay within the 8.
+# bench-wgmma.json: run it without bench and python to stay within the 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -83,12 +82,6 @@ for step in $steps; do
       # calls keep the mma.sync passes), and its step prototype (fp64 check, then a time a step).
       run_step "tests pools+strided, wgmma" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_WGMMA=1 \
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
-      # The recurrent kernel's block form (the streaming form is the default) on the decode and
-      # serving suites: it still runs every call whose out aliases an input.
-      run_step "tests decode, block form" "$OUT/gpu-tests.log" 120 env FLASHKDA_RECURRENT_FORM=blocks \
-        "$TEST_DIR/test_decode_gpu"
-      run_step "tests serving, block form" "$OUT/gpu-tests.log" 120 env FLASHKDA_RECURRENT_FORM=blocks \
-        "$TEST_DIR/test_serving_gpu"
       [ -x "$TEST_DIR/test_wgmma_step_gpu" ] && run_step "tests wgmma step prototype" "$OUT/gpu-tests.log" 60 \
         "$TEST_DIR/test_wgmma_step_gpu"
 
@@ -99,7 +92,7 @@ for step in $steps; do
         run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
         run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*:PoolForms/GpuDecodeStreaming.*/bf16_VK:PoolForms/GpuDecodeStreaming.*/fp32_KV'
+          "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*:PoolForms/GpuDecodePools.*/bf16_VK:PoolForms/GpuDecodePools.*/fp32_KV'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.WithinTheBarOfTheOracleInBothLayouts:StridedInputs.WithPoolsAndCheckpoints'
         run_step "sanitizer $tool (pools+checkpoints, chunked)" "$OUT/gpu-tests.log" 180 env FLASHKDA_CUDA_KERNELS=auto \
@@ -123,12 +116,6 @@ for step in $steps; do
         [ "$mode" = wgmma ] && flag="FLASHKDA_STATE_WGMMA=1"
         run_step "flashkda bench ($mode state pass)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
           "$CLI_BIN" bench --case "${WGMMA_CASES:-P1,P3,P4,P9}" --json "$OUT/bench-$mode.json"
-      done
-      ;;
-    decode)  # the decode cases on each form of the recurrent kernel, one run each
-      for form in streaming blocks; do
-        run_step "flashkda bench (decode, $form form)" "$summary" 200 env FLASHKDA_RECURRENT_FORM=$form \
-          "$CLI_BIN" bench --case "${DECODE_CASES:-D1,D2,D3,D4}" --json "$OUT/bench-$form.json"
       done
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case

@@ -9,7 +9,6 @@ PointerInfo locate(const void*) { return {}; }
 int device_count() { return 0; }
 int current_device() { return -1; }
 std::string device_name() { return ""; }
-int multiprocessor_count() { return 0; }
 bool stream_is_capturing(cudaStream_t) { return false; }
 
 void copy_to_host_sync(const std::vector<HostCopy>&, cudaStream_t) {

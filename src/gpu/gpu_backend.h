@@ -19,8 +19,6 @@ PointerInfo locate(const void* ptr);
 int device_count();
 int current_device();
 std::string device_name();
-// Multiprocessors of the current device (read once per device).
-int multiprocessor_count();
 bool stream_is_capturing(cudaStream_t stream);
 // Copies each `bytes` from device memory to the host and waits for them all, once (ordered after
 // `stream`).
@@ -62,6 +60,11 @@ struct PrefillPlan {
 PrefillPlan plan_prefill(const Problem& p);
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream);
 
+// The recurrent kernel (gpu/decode/): the per-token definition with the state in registers, one
+// pass over each state. Takes everything the contract allows (pools in either layout and dtype,
+// per-token states, checkpoints, strided inputs, both gates); needs no workspace.
+void recurrent_forward(const Problem& p, cudaStream_t stream);
+
 // Which CUDA kernels run a problem, decided once per call from its shapes and the features it
 // uses, never from device data: forward_workspace_size() agrees with forward(), and a call being
 // captured into a CUDA graph takes the same kernels as one that is not.
@@ -72,20 +75,10 @@ struct CudaPlan {
   };
   Kernels kernels = Kernels::kChunkedPrefill;
   PrefillPlan prefill;  // kChunkedPrefill only
-  // kRecurrent only: persistent warps streaming the states (the default), or a block per head or
-  // half a head (an out aliasing an input; FLASHKDA_RECURRENT_FORM=blocks forces it).
-  enum class RecurrentForm : int32_t { kStreaming, kBlocks };
-  RecurrentForm recurrent = RecurrentForm::kStreaming;
 
   size_t workspace_bytes() const { return kernels == Kernels::kRecurrent ? 0 : prefill.workspace_bytes(); }
 };
 CudaPlan plan_cuda(const Problem& p);
-
-// The recurrent kernel (gpu/decode/): the per-token definition with the state in registers, one
-// pass over each state. Takes everything the contract allows (pools in either layout and dtype,
-// per-token states, checkpoints, strided inputs, both gates); needs no workspace.
-void recurrent_forward(const Problem& p, const CudaPlan& plan, cudaStream_t stream);
-
 void cuda_forward(const Problem& p, const CudaPlan& plan, void* workspace, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

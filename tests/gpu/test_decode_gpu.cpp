@@ -1,8 +1,8 @@
 // The recurrent kernel on decode-shaped calls (a few tokens a request) against the fp64 oracle:
 // the plain [N, T] form for T = 1..8, both gates and state dtypes; a state pool updated in place
 // inside a captured CUDA graph, replayed with new slots and inputs; device-side guards for
-// indices nobody checked; host checks of device indices; the streaming form against the block
-// form with many work items a warp. The serving features at every length
+// indices nobody checked; host checks of device indices; many requests from a pool in both
+// layouts. The serving features at every length
 // (pools, per-token states, checkpoints, strided inputs) run in test_serving_gpu.
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
@@ -190,17 +190,12 @@ INSTANTIATE_TEST_SUITE_P(PoolDtypes, GpuDecodeGraph, ::testing::Values(DType::kF
                            return std::string(info.param == DType::kF32 ? "fp32" : "bf16");
                          });
 
-// The streaming form (the default) with many work items a warp: N H 8 items far above the
-// resident warps, so each warp's ring of staged tiles wraps many times; shuffled pool slots with
-// padding requests, both pool dtypes and layouts, 1 and 3 tokens a request. The same bits as the
-// block form (FLASHKDA_RECURRENT_FORM=blocks: the same arithmetic, loaded another way), within the
-// bar of the oracle, and slots not addressed unchanged.
-class GpuDecodeStreaming : public GpuDecode, public ::testing::WithParamInterface<std::tuple<DType, StateLayout>> {
- protected:
-  void TearDown() override { unsetenv("FLASHKDA_RECURRENT_FORM"); }
-};
+// Many requests from a pool: shuffled slots with padding requests, both pool dtypes and layouts
+// (K-major slots compared transposed: the oracle's states are V-major), 1 and 3 tokens a request,
+// thousands of blocks; within the bar of the oracle, slots not addressed unchanged.
+class GpuDecodePools : public GpuDecode, public ::testing::WithParamInterface<std::tuple<DType, StateLayout>> {};
 
-TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
+TEST_P(GpuDecodePools, ManyRequestsMatchTheOracleInBothLayouts) {
   constexpr int64_t N = 160, H = 16, D = 128, P = 2 * N;
   const auto [dtype, layout] = GetParam();
   const size_t es = dtype == DType::kF32 ? 4 : 2;
@@ -236,19 +231,11 @@ TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
     a.state_indices = make_tensor(d_idx, DType::kI32, N);
     a.state_layout = layout;
 
-    std::vector<std::vector<uint16_t>> outs;
-    std::vector<std::vector<uint8_t>> pools;
-    for (const char* form : {"streaming", "blocks"}) {
-      setenv("FLASHKDA_RECURRENT_FORM", form, 1);
-      check_cuda(cudaMemcpy(d_pool, pool.data(), pool.size(), cudaMemcpyHostToDevice), "pool");
-      check_cuda(cudaMemset(dev.problem().out, 0xFF, host.out_size() * 2), "poison out");
-      forward(a, nullptr, 0, nullptr);
-      check_cuda(cudaDeviceSynchronize(), form);
-      outs.push_back(to_host(dev.problem().out, host.out_size()));
-      pools.push_back(to_host(d_pool, pool.size()));
-    }
-    EXPECT_TRUE(outs[0] == outs[1]) << "out: the streaming and block forms differ";
-    EXPECT_TRUE(pools[0] == pools[1]) << "pool: the streaming and block forms differ";
+    check_cuda(cudaMemset(dev.problem().out, 0xFF, host.out_size() * 2), "poison out");
+    forward(a, nullptr, 0, nullptr);
+    check_cuda(cudaDeviceSynchronize(), "decode");
+    const std::vector<uint16_t> out = to_host(dev.problem().out, host.out_size());
+    const std::vector<uint8_t> after = to_host(d_pool, pool.size());
 
     Problem ref = host.problem();
     ref.initial_state = pool.data();
@@ -263,29 +250,29 @@ TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
     double worst_out = 0, worst_state = 0;
     for (int64_t n = 0; n < N; ++n) {
       if (idx[n] < 0) {
-        for (size_t e = 0; e < rows; ++e) ASSERT_EQ(outs[0][n * rows + e], 0xFFFF) << "padding request's out written";
+        for (size_t e = 0; e < rows; ++e) ASSERT_EQ(out[n * rows + e], 0xFFFF) << "padding request's out written";
         continue;
       }
-      worst_out = std::max(worst_out, rel_error(ref_out.data() + n * rows, outs[0].data() + n * rows, rows));
+      worst_out = std::max(worst_out, rel_error(ref_out.data() + n * rows, out.data() + n * rows, rows));
       // The oracle's states are V-major: a K-major slot is compared transposed.
-      std::vector<uint8_t> slot(pools[0].begin() + idx[n] * per_request * es,
-                                pools[0].begin() + (idx[n] + 1) * per_request * es);
+      std::vector<uint8_t> slot(after.begin() + idx[n] * per_request * es,
+                                after.begin() + (idx[n] + 1) * per_request * es);
       if (layout == StateLayout::kKV)
         for (size_t h = 0; h < static_cast<size_t>(H); ++h)
           for (size_t kk = 0; kk < static_cast<size_t>(D); ++kk)
             for (size_t vv = 0; vv < static_cast<size_t>(D); ++vv)
               std::memcpy(slot.data() + ((h * D + vv) * D + kk) * es,
-                          pools[0].data() + idx[n] * per_request * es + ((h * D + kk) * D + vv) * es, es);
+                          after.data() + idx[n] * per_request * es + ((h * D + kk) * D + vv) * es, es);
       worst_state = std::max(worst_state, rel_error(ref_state.data() + n * per_request, slot.data(), dtype, per_request));
     }
     EXPECT_LE(worst_out, kBar);
     EXPECT_LE(worst_state, kBar);
-    std::printf("  [gpu vs oracle] streaming decode, %lld x %lld tokens, %s pool, %s: out %.2e  state %.2e\n",
+    std::printf("  [gpu vs oracle] pool decode, %lld x %lld tokens, %s pool, %s: out %.2e  state %.2e\n",
                 static_cast<long long>(N), static_cast<long long>(T), dtype_name(dtype),
                 layout == StateLayout::kVK ? "V-major" : "K-major", worst_out, worst_state);
     for (int64_t s = 0; s < P; ++s)
       if (std::find(idx.begin(), idx.end(), s) == idx.end())
-        ASSERT_EQ(0, std::memcmp(pool.data() + s * per_request * es, pools[0].data() + s * per_request * es,
+        ASSERT_EQ(0, std::memcmp(pool.data() + s * per_request * es, after.data() + s * per_request * es,
                                  per_request * es))
             << "slot " << s << " is not addressed but changed";
     cudaFree(d_pool);
@@ -293,7 +280,7 @@ TEST_P(GpuDecodeStreaming, ManyItemsAWarpMatchTheBlockFormAndTheOracle) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(PoolForms, GpuDecodeStreaming,
+INSTANTIATE_TEST_SUITE_P(PoolForms, GpuDecodePools,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(StateLayout::kVK, StateLayout::kKV)),
                          [](const ::testing::TestParamInfo<std::tuple<DType, StateLayout>>& info) {

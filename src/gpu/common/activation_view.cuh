@@ -19,7 +19,11 @@ struct ActivationView {
   // Row r of head h where r's batch row b is known (no division): rows r, r + 1, ... of the same
   // batch row follow at `token` elements each.
   __device__ __forceinline__ const uint16_t* row_in_batch(int64_t b, int64_t r, int h) const {
-    return data + b * batch + (r - b * rows_per_batch) * token + h * head;
+    return data + offset_in_batch(b, r, h);
+  }
+  // The element offset of that row: the same for views with equal strides.
+  __device__ __forceinline__ int64_t offset_in_batch(int64_t b, int64_t r, int h) const {
+    return b * batch + (r - b * rows_per_batch) * token + h * head;
   }
 };
 

@@ -1,9 +1,12 @@
-// The block form of the recurrent kernel: one block per (sequence, head, half of the value rows)
-// (128 threads), or, when out is the very buffer of q, k, v or g (an exact alias the contract
-// allows), 256 threads per whole head that wait for all their lanes to have read a token before
-// any writes that token's out row: blocks never share a row then. Each lane loads its tile from
-// global memory once; calls the streaming kernel takes (streaming_kernel.cu) go there instead.
-#include "gpu/decode/recurrent_launch.h"
+// The recurrent kernel: the per-token definition of docs/contract.md with the state in registers
+// (the token step and the lane layout: recurrent_token.cuh).
+//
+// A decode step is a streaming problem (read each state once, write it once), so the layout is
+// chosen for the memory system: one block of 128 threads per (sequence, head, half of the value
+// rows), each lane loading its tile once. When out is the very buffer of q, k, v or g (an exact
+// alias the contract allows), one block of 256 threads takes the whole head and waits for all its
+// lanes to have read a token before any writes that token's out row: blocks never share a row.
+#include "common/fail.h"
 #include "gpu/decode/recurrent_token.cuh"
 
 namespace flashkda::gpu {
@@ -50,7 +53,7 @@ __device__ __forceinline__ void widen_tile(Tile& s) {
 // At most 128 registers (no spills): 4 blocks of 4 warps a multiprocessor. A decode step is
 // latency-bound per block (load the tile, a chain of dependent arithmetic and shuffles, store),
 // so warps in flight matter more than anything else here.
-template <StateLayout L, int kWarps>
+template <StateLayout L, int kWarps, bool kVector>
 __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) recurrent_kernel(const RecurrentParams p) {
   using Shape = BlockShape<kWarps>;
   const int item = blockIdx.x / Shape::kBlocksPerHead;  // (sequence, head); 32-bit: N H 2 <= INT_MAX (the plan)
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
   // The first token's inputs, then the tile: the token's prep runs while the tile is in flight.
   const int64_t len = eos - bos;
   TokenInputs next;
-  if (len > 0) next = load_token(p, batch_row(p, n), bos, h, at);
+  if (len > 0) next = load_token<kVector>(p, batch_row(p, n), bos, h, at);
   const HeadGate gate = head_gate(p, h, at.lane);
 
   Tile s;
@@ -91,10 +94,10 @@ __global__ void __launch_bounds__(BlockShape<kWarps>::kThreads, 16 / kWarps) rec
       write_checkpoints<L>(p, s, n, h, t, at);
     }
     const TokenInputs x = next;
-    if (t + 1 < len) next = load_token(p, batch_row(p, n), bos + t + 1, h, at);  // in flight during this token
+    if (t + 1 < len) next = load_token<kVector>(p, batch_row(p, n), bos + t + 1, h, at);  // in flight during this token
 
     float o[kRowsPerLane];
-    token_step(p, s, prep, static_cast<int>(t & 1), x, gate, at, o, widen, [] {});
+    token_step(p, s, prep, static_cast<int>(t & 1), x, gate, at, o, widen);
     if constexpr (Shape::kBlocksPerHead == 1) __syncthreads();  // every lane has read this token's row
     store_out(p, o, bos + t, h, at);
     store_token_state<L>(p, s, n, t, h, at);
@@ -109,16 +112,21 @@ void launch(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
   using Shape = BlockShape<kWarps>;
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * Shape::kBlocksPerHead;
   if (blocks == 0) return;
-  const auto kernel = layout == StateLayout::kVK ? recurrent_kernel<StateLayout::kVK, kWarps>
-                                                 : recurrent_kernel<StateLayout::kKV, kWarps>;
+  const auto kernel = layout == StateLayout::kVK
+                          ? (p.vector_loads ? recurrent_kernel<StateLayout::kVK, kWarps, true>
+                                            : recurrent_kernel<StateLayout::kVK, kWarps, false>)
+                          : (p.vector_loads ? recurrent_kernel<StateLayout::kKV, kWarps, true>
+                                            : recurrent_kernel<StateLayout::kKV, kWarps, false>);
   kernel<<<static_cast<unsigned>(blocks), Shape::kThreads, 0, stream>>>(p);
 }
 
 }  // namespace
 
-void launch_recurrent_blocks(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
+void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream) {
   if (p.out_aliases_input) launch<8>(p, layout, stream);
   else launch<4>(p, layout, stream);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    fail(ErrorCode::kCudaError, "launching the recurrent kernel: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu

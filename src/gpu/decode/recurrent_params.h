@@ -14,7 +14,8 @@ namespace flashkda::gpu {
 
 struct RecurrentParams {
   ActivationView q, k, v, g, beta;  // q, k, g: D = 128; v: D = 128; beta: D = 1
-  bool vector_loads;                // every row of q, k, v, g starts 8-byte aligned
+  bool vector_loads;                // every row of q, k, v, g starts 8-byte aligned (picks the kernel)
+  bool same_row_strides;            // q, k, v, g have the same strides: one row offset serves all four
   const float* A_log;               // [H]
   const float* dt_bias;             // [H, 128]
   int num_heads;
@@ -34,5 +35,9 @@ struct RecurrentParams {
   float lower_bound, scale;
   bool softplus_gate;
 };
+
+// One block of 128 threads per (sequence, head, half of the value rows); 256 per (sequence, head)
+// when out aliases an input.
+void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

@@ -1,6 +1,5 @@
-// The per-token step of the recurrent kernels (recurrent_kernel.cu: a block per head or half a
-// head; streaming_kernel.cu: persistent warps with the next states in flight), on a lane's tile of
-// the state in registers.
+// The per-token step of the recurrent kernel (recurrent_kernel.cu) on a lane's tile of the state
+// in registers, and the loads and stores around it.
 //
 // Lane layout: 8 lanes share 4 value rows; each holds a 4 x 16 tile of them, 4 value rows by 16
 // key columns, so every dot product over the key axis is 16 FMAs and three shuffles. Rows of the
@@ -109,10 +108,13 @@ __device__ __forceinline__ const void* head_state(const void* states, bool bf16,
   return head_state(const_cast<void*>(states), bf16, slot, num_heads, h);
 }
 
-// Four consecutive bf16 values; one 8-byte load when the row is aligned for it.
-__device__ __forceinline__ uint2 load4(const uint16_t* x, bool vector) {
-  if (vector) return *reinterpret_cast<const uint2*>(x);
-  return make_uint2(uint32_t(x[0]) | uint32_t(x[1]) << 16, uint32_t(x[2]) | uint32_t(x[3]) << 16);
+// Four consecutive bf16 values; one 8-byte load when the rows are aligned for it (a template
+// parameter of the kernel: as a runtime flag, the element loads were predicated into every
+// token's instructions).
+template <bool kVector>
+__device__ __forceinline__ uint2 load4(const uint16_t* x) {
+  if constexpr (kVector) return *reinterpret_cast<const uint2*>(x);
+  else return make_uint2(uint32_t(x[0]) | uint32_t(x[1]) << 16, uint32_t(x[2]) | uint32_t(x[3]) << 16);
 }
 
 __device__ __forceinline__ void unpack4(uint2 raw, float* dst) {
@@ -137,13 +139,22 @@ __device__ __forceinline__ int64_t batch_row(const RecurrentParams& p, int64_t n
   return p.seqs.cu_seqlens ? 0 : n;
 }
 
+template <bool kVector>
 __device__ __forceinline__ TokenInputs load_token(const RecurrentParams& p, int64_t b, int64_t row, int h,
                                                   const LanePlace& at) {
   TokenInputs x;
-  x.q = load4(p.q.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
-  x.k = load4(p.k.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
-  x.g = load4(p.g.row_in_batch(b, row, h) + 4 * at.lane, p.vector_loads);
-  x.v = load4(p.v.row_in_batch(b, row, h) + at.v0, p.vector_loads);
+  const uint16_t *q, *k, *g, *v;
+  if (p.same_row_strides) {  // one offset (three 64-bit products) for the four rows
+    const int64_t off = p.q.offset_in_batch(b, row, h);
+    q = p.q.data + off, k = p.k.data + off, g = p.g.data + off, v = p.v.data + off;
+  } else {
+    q = p.q.row_in_batch(b, row, h), k = p.k.row_in_batch(b, row, h);
+    g = p.g.row_in_batch(b, row, h), v = p.v.row_in_batch(b, row, h);
+  }
+  x.q = load4<kVector>(q + 4 * at.lane);
+  x.k = load4<kVector>(k + 4 * at.lane);
+  x.g = load4<kVector>(g + 4 * at.lane);
+  x.v = load4<kVector>(v + at.v0);
   x.beta = *p.beta.row_in_batch(b, row, h);
   return x;
 }
@@ -199,15 +210,12 @@ __device__ __forceinline__ float decay(float x, float exp_a_log, float lower_bou
 // One token on the lane's tile: this lane's 4 key columns of the token's prep into prep[buf] (the
 // warp meets at one __syncwarp), then S' = Diag(exp(a)) S, u = beta (v - S'^T k), S = S' + k u^T
 // and o = S^T q for the lane's 4 value rows (o[j] is complete on every lane of its row).
-// before_read() runs right before the tile's first read (a packed tile is widened, a staged one
-// fetched), after the prep: the tile's registers need not be live during it; after_read() right
-// after arithmetic has used every element read (the source of a staged tile may be refilled).
-// `buf` alternates between consecutive tokens of a warp, also across sequences.
-template <typename BeforeRead, typename AfterRead>
+// before_read() runs right before the tile's first read (a packed tile is widened there), after the prep: the tile's registers need not be live during it. `buf` alternates
+// between consecutive tokens of a warp.
+template <typename BeforeRead>
 __device__ __forceinline__ void token_step(const RecurrentParams& p, Tile& s, TokenPrep& prep, int buf,
                                            const TokenInputs& x, const HeadGate& gate, const LanePlace& at,
-                                           float (&o)[kRowsPerLane], BeforeRead&& before_read,
-                                           AfterRead&& after_read) {
+                                           float (&o)[kRowsPerLane], BeforeRead&& before_read) {
   {  // this lane's 4 columns of the token's prep
     float q[4], k[4], g[4];
     unpack4(x.q, q);
@@ -245,7 +253,6 @@ __device__ __forceinline__ void token_step(const RecurrentParams& p, Tile& s, To
       s[j][i][3] *= d.w;
     }
   }
-  after_read();
   const float beta = sigmoid(__uint_as_float(uint32_t(x.beta) << 16));
   float v[4];
   unpack4(x.v, v);

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "common/fail.h"
-#include "gpu/decode/recurrent_launch.h"
+#include "gpu/decode/recurrent_params.h"
 #include "gpu/gpu_backend.h"
 #include "gpu/launch/device_views.h"
 
@@ -54,27 +54,6 @@ int forced_kernels() {
        "'");
 }
 
-// FLASHKDA_RECURRENT_FORM=blocks or =streaming forces the recurrent kernel's form (benchmarks,
-// tests); unset or =auto: the plan's own choice. An out aliasing an input takes blocks always.
-CudaPlan::RecurrentForm recurrent_form(const Problem& p) {
-  const bool aliases = p.out == p.q || p.out == p.k || p.out == p.v || p.out == p.g;
-  const char* forced = std::getenv("FLASHKDA_RECURRENT_FORM");
-  if (forced && !*forced) forced = nullptr;  // set but empty: as unset
-  if (forced && std::strcmp(forced, "blocks") != 0 && std::strcmp(forced, "streaming") != 0 &&
-      std::strcmp(forced, "auto") != 0)
-    fail(ErrorCode::kInvalidArgument, "FLASHKDA_RECURRENT_FORM: expected 'blocks', 'streaming' or 'auto', got '",
-         forced, "'");
-  // The streaming form numbers its work items (16 value rows of a head) in 32 bits.
-  const bool items_fit = p.N * p.H * 8 <= INT_MAX / 2;  // item + a few strides ahead stays an int
-  if (forced && std::strcmp(forced, "streaming") == 0 && (aliases || !items_fit))
-    fail(ErrorCode::kUnsupported,
-         aliases ? "out: the streaming recurrent kernel does not take an out that is the buffer of q, k, v or g"
-                 : "q: the streaming recurrent kernel takes at most 2^27 (sequence, head) pairs",
-         " (FLASHKDA_RECURRENT_FORM=streaming); unset it to run the block form");
-  if (aliases || !items_fit || (forced && std::strcmp(forced, "blocks") == 0)) return CudaPlan::RecurrentForm::kBlocks;
-  return CudaPlan::RecurrentForm::kStreaming;
-}
-
 // Every row of q, k, v, g starts 8-byte aligned (4 bf16 columns at a time).
 bool rows_aligned_for_vectors(const Problem& p) {
   auto ok = [](const void* data, const RowStrides& s) {
@@ -96,7 +75,6 @@ CudaPlan plan_cuda(const Problem& p) {
   const bool recurrent = forced >= 0 ? forced == static_cast<int>(CudaPlan::Kernels::kRecurrent) : lacks || decode_shaped;
   if (recurrent) {
     plan.kernels = CudaPlan::Kernels::kRecurrent;
-    plan.recurrent = recurrent_form(p);
     if (p.N * p.H * 2 > INT_MAX)
       fail(ErrorCode::kUnsupported, "q: the recurrent kernel takes fewer than 2^30 (sequence, head) pairs, got N * H = ",
            p.N * p.H);
@@ -107,11 +85,11 @@ CudaPlan plan_cuda(const Problem& p) {
 }
 
 void cuda_forward(const Problem& p, const CudaPlan& plan, void* workspace, cudaStream_t stream) {
-  if (plan.kernels == CudaPlan::Kernels::kRecurrent) recurrent_forward(p, plan, stream);
+  if (plan.kernels == CudaPlan::Kernels::kRecurrent) recurrent_forward(p, stream);
   else prefill_forward(p, plan.prefill, workspace, stream);
 }
 
-void recurrent_forward(const Problem& p, const CudaPlan& plan, cudaStream_t stream) {
+void recurrent_forward(const Problem& p, cudaStream_t stream) {
   RecurrentParams r{};
   r.q = activation_view(p.q, p.q_rows, p, p.K);
   r.k = activation_view(p.k, p.k_rows, p, p.K);
@@ -119,6 +97,8 @@ void recurrent_forward(const Problem& p, const CudaPlan& plan, cudaStream_t stre
   r.g = activation_view(p.g, p.g_rows, p, p.K);
   r.beta = activation_view(p.beta, p.beta_rows, p, 1);
   r.vector_loads = rows_aligned_for_vectors(p);
+  auto same = [&](const ActivationView& a) { return a.batch == r.q.batch && a.token == r.q.token && a.head == r.q.head; };
+  r.same_row_strides = same(r.k) && same(r.v) && same(r.g);  // dense inputs: always (K = V)
   r.A_log = p.A_log;
   r.dt_bias = p.dt_bias;
   r.num_heads = static_cast<int>(p.H);
@@ -136,10 +116,7 @@ void recurrent_forward(const Problem& p, const CudaPlan& plan, cudaStream_t stre
   r.lower_bound = p.lower_bound;
   r.scale = p.scale;
   r.softplus_gate = p.gate == Gate::kSoftplus;
-  if (plan.recurrent == CudaPlan::RecurrentForm::kBlocks) launch_recurrent_blocks(r, p.state_layout, stream);
-  else launch_recurrent_streaming(r, p.state_layout, stream);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
-    fail(ErrorCode::kCudaError, "launching the recurrent kernel: ", cudaGetErrorString(err));
+  launch_recurrent(r, p.state_layout, stream);
 }
 
 }  // namespace flashkda::gpu

@@ -4,7 +4,6 @@
 
 #include "common/fail.h"
 #include "gpu/gpu_backend.h"
-#include "gpu/launch/per_device.h"
 
 namespace flashkda::gpu {
 
@@ -39,17 +38,6 @@ int current_device() {
   int d = -1;
   if (device_count() == 0 || cudaGetDevice(&d) != cudaSuccess) return -1;
   return d;
-}
-
-// Multiprocessors of the current device, read once per device (forward's host time is GPU
-// idle time for a caller who waits on it).
-int multiprocessor_count() {
-  static PerDevice<int> sms;
-  return sms.get("reading the multiprocessor count of the current device", [](int& count) {
-    int device = 0;
-    const cudaError_t err = cudaGetDevice(&device);
-    return err == cudaSuccess ? cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) : err;
-  });
 }
 
 std::string device_name() {

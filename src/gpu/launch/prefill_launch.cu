@@ -10,6 +10,7 @@
 #include "common/fail.h"
 #include "gpu/gpu_backend.h"
 #include "gpu/launch/device_views.h"
+#include "gpu/launch/per_device.h"
 #include "gpu/launch/tensor_map.h"
 #include "gpu/prefill/kernels.h"
 
@@ -24,6 +25,17 @@ SequenceTable sequence_table(const Problem& p) {
   t.num_seqs = p.N;
   t.total_tokens = p.total_tokens;
   return t;
+}
+
+// Multiprocessors of the current device, read once per device (forward's host time is GPU
+// idle time for a caller who waits on it).
+int multiprocessor_count() {
+  static PerDevice<int> sms;
+  return sms.get("reading the multiprocessor count of the current device", [](int& count) {
+    int device = 0;
+    const cudaError_t err = cudaGetDevice(&device);
+    return err == cudaSuccess ? cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) : err;
+  });
 }
 
 // State-pass layout. The pass is a chain of dependent chunk steps per (sequence, head), so it
