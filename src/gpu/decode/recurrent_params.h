@@ -36,7 +36,7 @@ struct RecurrentParams {
   bool softplus_gate;
 };
 
-// One block of 128 threads per (sequence, head, half of the value rows); 256 per (sequence, head)
+// One block of 32 threads per (sequence, head, 16 value rows); 256 per (sequence, head)
 // when out aliases an input.
 void launch_recurrent(const RecurrentParams& p, StateLayout layout, cudaStream_t stream);
 

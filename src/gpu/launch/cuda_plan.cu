@@ -75,8 +75,8 @@ CudaPlan plan_cuda(const Problem& p) {
   const bool recurrent = forced >= 0 ? forced == static_cast<int>(CudaPlan::Kernels::kRecurrent) : lacks || decode_shaped;
   if (recurrent) {
     plan.kernels = CudaPlan::Kernels::kRecurrent;
-    if (p.N * p.H * 2 > INT_MAX)
-      fail(ErrorCode::kUnsupported, "q: the recurrent kernel takes fewer than 2^30 (sequence, head) pairs, got N * H = ",
+    if (p.N * p.H * 8 > INT_MAX)  // a block per 16 value rows of a head
+      fail(ErrorCode::kUnsupported, "q: the recurrent kernel takes fewer than 2^28 (sequence, head) pairs, got N * H = ",
            p.N * p.H);
     return plan;
   }
