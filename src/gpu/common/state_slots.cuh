@@ -15,12 +15,6 @@ struct IndexView {
     return i32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(data) + i))
                : static_cast<int64_t>(__ldg(static_cast<const int64_t*>(data) + i));
   }
-  // Starts bringing element i into L1 ahead of its read; no register waits on it.
-  __device__ __forceinline__ void prefetch(int64_t i) const {
-    const void* at = i32 ? static_cast<const void*>(static_cast<const int32_t*>(data) + i)
-                         : static_cast<const void*>(static_cast<const int64_t*>(data) + i);
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(at));
-  }
 };
 
 // The slots of the sequences' initial and final states (docs/contract.md, Serving). Without

@@ -24,7 +24,6 @@ constexpr int kLanesPerRow = 8;             // lanes sharing a row, 16 key colum
 constexpr int kRowsPerLane = 4;
 constexpr int kRuns = 16;                   // four-element runs of a lane's tile
 constexpr int kRowsPerWarp = 32 / kLanesPerRow * kRowsPerLane;
-constexpr int kWarpsPerHead = kDim / kRowsPerWarp;
 static_assert(kLanesPerRow * 16 == kDim, "the lanes of a row cover every key column");
 static_assert(kRuns * 4 == kRowsPerLane * 16, "a lane's runs cover its tile");
 
