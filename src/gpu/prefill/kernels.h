@@ -13,6 +13,7 @@ namespace flashkda::gpu {
 
 struct PrepParams {
   ActivationView q, k, g;  // [total, H, 128] bf16, any strides of 8 elements (16-byte loads)
+  bool same_row_strides;   // q, k, g have the same strides: one row offset serves all three
   ActivationView beta;     // [total, H], any strides
   const float* A_log;    // [H]
   const float* dt_bias;  // [H, 128]

@@ -35,6 +35,12 @@ __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t s
   count = (chunk < 0 || t0 >= eos) ? 0 : static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk);
 }
 
+// Thread c's two entries (entry_row(c, r), entry_col(c)), r = 0, 1, of a 16 x 16 matrix: the
+// 256 entries over 128 threads with row and column known without a division or a loop bound.
+static_assert(kChunk * kChunk == 2 * kThreads, "two entries of a chunk matrix a thread");
+__device__ __forceinline__ int entry_row(int c, int r) { return c / kChunk + r * (kThreads / kChunk); }
+__device__ __forceinline__ int entry_col(int c) { return c % kChunk; }
+
 constexpr int kTileStride = kHeadDim + 8;  // fp32 [16][136] tiles: row r starts in bank 8r, so the
                                            // 8-byte fragment reads of rows g = 0..3 never collide
 constexpr int kSmallStride = kChunk + 8;   // fp32 [16][24] matrices (L, M, W), same reason
@@ -172,26 +178,33 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   // The rows are read through their strides; a chunk never leaves its batch row (the sequence's
   // own row in the [B, T] form, the one row of a packed batch).
   {
+    // Thread c loads 16-byte segment c % 16 of rows c / 16 and c / 16 + 8 of q, k and g. The
+    // addresses are 64-bit products of the strides: formed once, and once for all three views
+    // when their strides agree (dense inputs), not per load.
     const int64_t batch_row = p.seqs.cu_seqlens ? 0 : seq;
+    const int row0 = c >> 4, seg = c & 15;
     const ActivationView* views[3] = {&p.q, &p.k, &p.g};
-    const uint16_t* src[3];
+    const uint16_t* src[3];  // segment `seg` of row row0
+    int64_t step[3];         // elements to row row0 + 8
+    if (p.same_row_strides) {
+      const int64_t off = p.q.offset_in_batch(batch_row, t0, h) + row0 * p.q.token + seg * 8;
 #pragma unroll
-    for (int m = 0; m < 3; ++m) src[m] = views[m]->row_in_batch(batch_row, t0, h);
-    uint4 x[3][2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
+      for (int m = 0; m < 3; ++m) src[m] = views[m]->data + off, step[m] = 8 * p.q.token;
+    } else {
 #pragma unroll
       for (int m = 0; m < 3; ++m)
-        x[m][r] = row < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + row * views[m]->token + seg * 8))
-                              : make_uint4(0, 0, 0, 0);
+        src[m] = views[m]->row_in_batch(batch_row, t0, h) + row0 * views[m]->token + seg * 8, step[m] = 8 * views[m]->token;
     }
+    uint4 x[3][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int idx = c + r * kThreads, row = idx >> 4, seg = idx & 15;
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int m = 0; m < 3; ++m) *reinterpret_cast<uint4*>(&sm.in[m][row][seg * 8]) = x[m][r];
-    }
+      for (int m = 0; m < 3; ++m)
+        x[m][r] = row0 + 8 * r < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + r * step[m])) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int m = 0; m < 3; ++m) *reinterpret_cast<uint4*>(&sm.in[m][row0 + 8 * r][seg * 8]) = x[m][r];
     // L2 norms of the q and k rows: thread c holds 8 channels of rows c / 16 and c / 16 + 8, and
     // the 16 threads of a row (16 consecutive lanes) add up their squares.
     float ss[2][2];  // [q, k][row c / 16 + 8 r]
@@ -269,8 +282,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32), the channel halves added here.
     lm_products(sm, warp, g, t4);
     __syncthreads();
-    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
       sm.L[i][j] = i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;  // strictly lower
       sm.M[i][j] = i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;                // lower incl. diagonal
     }
@@ -351,8 +365,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     __syncthreads();
     lm_products(sm, warp, g, t4);
     __syncthreads();
-    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
       const bool diagonal_block = (i < 8) == (j < 8);  // the cross block comes in pass 2
       sm.L[i][j] = diagonal_block && i > j ? sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]) : 0.0f;
       sm.M[i][j] = diagonal_block && i >= j ? sm.part[2][i][j] + sm.part[3][i][j] : 0.0f;
@@ -377,8 +392,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     __syncthreads();
     lm_products(sm, warp, g, t4);
     __syncthreads();
-    for (int idx = c; idx < kChunk * kChunk / 4; idx += kThreads) {
-      const int i = 8 + idx / 8, j = idx % 8;
+    if (c < kChunk * kChunk / 4) {  // the 64 entries of the cross block, one a thread
+      const int i = 8 + c / 8, j = c % 8;
       sm.L[i][j] = sm.beta[i] * (sm.part[0][i][j] + sm.part[1][i][j]);
       sm.M[i][j] = sm.part[2][i][j] + sm.part[3][i][j];
     }
@@ -476,8 +491,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   if constexpr (kWgmma) {
     // W split hi + lo here (rows t, columns t' in order: W V's A operand is loaded, not a D
     // fragment), M (tf32; t' permuted: its A operand is W V's D fragment) and exp(G_C).
-    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
       const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
       small[WgmmaRecord::w(0, i, j) / 4] = hi;
       small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
@@ -486,8 +502,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
     small[WgmmaRecord::kDecay / 4 + c] = e_C;
   } else {
     // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
-    for (int idx = c; idx < kChunk * kChunk; idx += kThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
       small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
       small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
     }
