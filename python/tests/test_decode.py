@@ -243,6 +243,55 @@ def test_verify_with_fused_recurrent_kda_and_random_accepted_counts(fw, T, gate,
     check_verify(p, pool0, pool, before, out, idx, accepted, layout, gate)
 
 
+# The verify that writes one state a request (README, "Verify writing one state"): a first call
+# with every token_state_indices entry -1 writes out only; once the accepted counts are known, a
+# second call over the same inputs writes request n's state after its accepted[n] tokens back to
+# its start slot (its other columns -1) and its out goes to a scratch buffer. Against the
+# per-token-state verify on the same inputs: the same out and, in each start slot, the state the
+# per-token verify wrote for the last accepted token, bit for bit (the same kernel, the same
+# arithmetic); every other slot untouched.
+ONE_STATE_CASES = [(4, "safe", "vk", "float32", "int64"), (3, "softplus", "kv", "bfloat16", "int32")]
+
+
+@pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", ONE_STATE_CASES)
+@pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
+def test_verify_writing_one_state_matches_the_per_token_verify(fw, T, gate, layout, pool_dtype, index_dtype):
+    seed = 5000 + 11 * T
+    p = requests(T, seed)
+    idx, accepted, slots = verify_slots(T, seed + 1, index_dtype)
+    start = np.array([idx[n, accepted[n] - 1] for n in range(N)], dtype=index_dtype)
+    pool0 = random_pool(pool_dtype, seed + 2, slots)
+    x = call_inputs(p, fw)
+    q, k, v, g, beta, A_log, dt_bias = x
+    common = dict(A_log=A_log, dt_bias=dt_bias, state_indices=to_fw(start, fw), gate=gate, state_layout=layout)
+
+    per_token_pool = to_fw(pool0.copy(), fw)  # the reference: a state per draft token
+    per_token_out = flashkda.decode(q, k, v, g, beta, state_pool=per_token_pool,
+                                    token_state_indices=to_fw(idx, fw), **common)
+
+    pool = to_fw(pool0.copy(), fw)
+    before = slot_bytes(pool)
+    none = np.full(idx.shape, -1, dtype=index_dtype)
+    out = flashkda.decode(q, k, v, g, beta, state_pool=pool, token_state_indices=to_fw(none, fw), **common)
+    assert raw(out) == raw(per_token_out), "the out-only call's out differs from the per-token verify's"
+    assert slot_bytes(pool) == before, "the out-only call wrote the pool"
+
+    accepted_column = none.copy()
+    for n in range(N):
+        if start[n] >= 0:
+            accepted_column[n, accepted[n] - 1] = start[n]
+    scratch = flashkda.decode(q, k, v, g, beta, state_pool=pool, token_state_indices=to_fw(accepted_column, fw),
+                              **common)
+    assert raw(scratch) == raw(per_token_out)
+    for s in range(slots):
+        if s in {int(start[n]) for n in range(N) if start[n] >= 0}:
+            n = [m for m in range(N) if start[m] == s][0]
+            assert raw(pool[s]) == raw(per_token_pool[int(idx[n, accepted[n] - 1])]), f"request {n}'s state in slot {s}"
+        else:
+            assert raw(pool[s]) == before[s], f"slot {s} was not a start slot but changed"
+    check_verify(p, pool0, per_token_pool, before, per_token_out, idx, accepted, layout, gate)  # the reference itself
+
+
 @needs_torch
 def test_verify_packed_without_num_accepted_tokens_starts_from_column_0():
     """Packed drafts of 3, 1 and 2 tokens with cu_seqlens against [N, 3] slots; without
