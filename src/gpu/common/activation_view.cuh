@@ -25,6 +25,11 @@ struct ActivationView {
   __device__ __forceinline__ int64_t offset_in_batch(int64_t b, int64_t r, int h) const {
     return b * batch + (r - b * rows_per_batch) * token + h * head;
   }
+  // Whether `other` has this view's strides, so that offset_in_batch serves both (host side: the
+  // kernels' parameters say so once instead of comparing strides per row).
+  bool same_strides(const ActivationView& other) const {
+    return batch == other.batch && token == other.token && head == other.head && rows_per_batch == other.rows_per_batch;
+  }
 };
 
 }  // namespace flashkda::gpu

@@ -97,8 +97,7 @@ void recurrent_forward(const Problem& p, cudaStream_t stream) {
   r.g = activation_view(p.g, p.g_rows, p, p.K);
   r.beta = activation_view(p.beta, p.beta_rows, p, 1);
   r.vector_loads = rows_aligned_for_vectors(p);
-  auto same = [&](const ActivationView& a) { return a.batch == r.q.batch && a.token == r.q.token && a.head == r.q.head; };
-  r.same_row_strides = same(r.k) && same(r.v) && same(r.g);  // dense inputs: always (K = V)
+  r.same_row_strides = r.q.same_strides(r.k) && r.q.same_strides(r.v) && r.q.same_strides(r.g);  // dense: always (K = V)
   r.A_log = p.A_log;
   r.dt_bias = p.dt_bias;
   r.num_heads = static_cast<int>(p.H);

@@ -221,8 +221,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   if (p.total_tokens > 0) {
     const ActivationView q = activation_view(p.q, p.q_rows, p, p.K), k = activation_view(p.k, p.k_rows, p, p.K),
                          g = activation_view(p.g, p.g_rows, p, p.K);
-    auto same = [&](const ActivationView& a) { return a.batch == q.batch && a.token == q.token && a.head == q.head; };
-    PrepParams prep{q, k, g, same(k) && same(g), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias,
+    PrepParams prep{q, k, g, q.same_strides(k) && q.same_strides(g), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias,
                     p.lower_bound, p.gate == Gate::kSoftplus, p.scale, static_cast<int>(p.H), seqs, records, counter};
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
