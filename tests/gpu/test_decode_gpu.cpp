@@ -47,6 +47,44 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
+// A pool of `elements` N(0, 1) values in `dtype` (float32 or bfloat16), as raw bytes.
+std::vector<uint8_t> normal_pool(DType dtype, size_t elements, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  const size_t es = dtype == DType::kF32 ? 4 : 2;
+  std::vector<uint8_t> pool(elements * es);
+  for (size_t e = 0; e < elements; ++e) {
+    const float x = normal(rng);
+    if (dtype == DType::kF32) std::memcpy(pool.data() + 4 * e, &x, 4);
+    else {
+      const uint16_t b = float_to_bf16(x);
+      std::memcpy(pool.data() + 2 * e, &b, 2);
+    }
+  }
+  return pool;
+}
+
+// `host`'s problem reading its initial states from the host copy of a pool of `slots` slots,
+// request n from slot idx[n] (the oracle's view of a pool decode; it points into idx).
+Problem pool_reference(Problem ref, const uint8_t* pool, DType dtype, int64_t slots, const std::vector<int32_t>& idx,
+                       StateLayout layout) {
+  ref.initial_state = pool;
+  ref.initial_state_dtype = dtype;
+  ref.initial_slots = ref.final_slots = slots;
+  ref.state_indices = idx.data();
+  ref.state_indices_dtype = DType::kI32;
+  ref.state_layout = layout;
+  return ref;
+}
+
+// Every slot of the pool that no entry of idx addresses keeps its bytes (slot_bytes a slot).
+void expect_unaddressed_slots_unchanged(const std::vector<uint8_t>& before, const std::vector<uint8_t>& after,
+                                        const std::vector<int32_t>& idx, size_t slot_bytes) {
+  for (size_t s = 0; s < before.size() / slot_bytes; ++s)
+    if (std::find(idx.begin(), idx.end(), static_cast<int32_t>(s)) == idx.end())
+      EXPECT_EQ(0, std::memcmp(before.data() + s * slot_bytes, after.data() + s * slot_bytes, slot_bytes))
+          << "slot " << s << " is not addressed but changed";
+}
+
 // [N, T] requests of T tokens, fixed batch (no cu_seqlens): the auto plan takes the recurrent
 // kernel (decode-shaped); out and the final state against the oracle, two runs bit-identical.
 class GpuDecodeTokens : public GpuDecode, public ::testing::WithParamInterface<int> {};
@@ -106,15 +144,7 @@ TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {
   std::mt19937 rng(71);
   std::normal_distribution<float> normal;
   const size_t per_request = static_cast<size_t>(H * D * D);
-  std::vector<uint8_t> pool(static_cast<size_t>(P) * per_request * es);
-  for (size_t e = 0; e < pool.size() / es; ++e) {
-    const float x = normal(rng);
-    if (dtype == DType::kF32) std::memcpy(pool.data() + 4 * e, &x, 4);
-    else {
-      const uint16_t b = float_to_bf16(x);
-      std::memcpy(pool.data() + 2 * e, &b, 2);
-    }
-  }
+  std::vector<uint8_t> pool = normal_pool(dtype, static_cast<size_t>(P) * per_request, rng);
   uint8_t* d_pool = to_device(pool);
   std::vector<int32_t> idx(N);
   int32_t* d_idx = to_device(idx);
@@ -149,12 +179,7 @@ TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {
     check_cuda(cudaGraphLaunch(exec, stream), "replay");
     check_cuda(cudaStreamSynchronize(stream), "replay");
 
-    Problem ref = host.problem();
-    ref.initial_state = before.data();
-    ref.initial_state_dtype = dtype;
-    ref.initial_slots = ref.final_slots = P;
-    ref.state_indices = idx.data();
-    ref.state_indices_dtype = DType::kI32;
+    const Problem ref = pool_reference(host.problem(), before.data(), dtype, P, idx, StateLayout::kVK);
     std::vector<double> ref_out(host.out_size()), ref_state(static_cast<size_t>(N) * per_request);
     oracle_forward(ref, ref_out.data(), ref_state.data());
     const std::vector<uint16_t> out = to_host(dev.problem().out, host.out_size());
@@ -172,11 +197,7 @@ TEST_P(GpuDecodeGraph, CapturedGraphReplaysWithNewSlotsAndInputs) {
                 kBar)
           << "state of request " << n;
     }
-    for (int64_t s = 0; s < P; ++s)
-      if (std::find(idx.begin(), idx.end(), s) == idx.end())
-        EXPECT_EQ(0, std::memcmp(before.data() + s * per_request * es, after.data() + s * per_request * es,
-                                 per_request * es))
-            << "slot " << s << " is not addressed but changed";
+    expect_unaddressed_slots_unchanged(before, after, idx, per_request * es);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -209,16 +230,7 @@ TEST_P(GpuDecodePools, ManyRequestsMatchTheOracleInBothLayouts) {
     RandomProblem host(spec);
     DeviceProblem dev(host);
     std::mt19937 rng(91 + T);
-    std::normal_distribution<float> normal;
-    std::vector<uint8_t> pool(static_cast<size_t>(P) * per_request * es);
-    for (size_t e = 0; e < pool.size() / es; ++e) {
-      const float x = normal(rng);
-      if (dtype == DType::kF32) std::memcpy(pool.data() + 4 * e, &x, 4);
-      else {
-        const uint16_t b = float_to_bf16(x);
-        std::memcpy(pool.data() + 2 * e, &b, 2);
-      }
-    }
+    const std::vector<uint8_t> pool = normal_pool(dtype, static_cast<size_t>(P) * per_request, rng);
     std::vector<int32_t> slots(P);
     std::iota(slots.begin(), slots.end(), 0);
     std::shuffle(slots.begin(), slots.end(), rng);
@@ -237,13 +249,7 @@ TEST_P(GpuDecodePools, ManyRequestsMatchTheOracleInBothLayouts) {
     const std::vector<uint16_t> out = to_host(dev.problem().out, host.out_size());
     const std::vector<uint8_t> after = to_host(d_pool, pool.size());
 
-    Problem ref = host.problem();
-    ref.initial_state = pool.data();
-    ref.initial_state_dtype = dtype;
-    ref.initial_slots = ref.final_slots = P;
-    ref.state_indices = idx.data();
-    ref.state_indices_dtype = DType::kI32;
-    ref.state_layout = layout;
+    const Problem ref = pool_reference(host.problem(), pool.data(), dtype, P, idx, layout);
     std::vector<double> ref_out(host.out_size()), ref_state(static_cast<size_t>(N) * per_request);
     oracle_forward(ref, ref_out.data(), ref_state.data());
     const size_t rows = static_cast<size_t>(T * H * D);  // a request's out
@@ -270,11 +276,7 @@ TEST_P(GpuDecodePools, ManyRequestsMatchTheOracleInBothLayouts) {
     std::printf("  [gpu vs oracle] pool decode, %lld x %lld tokens, %s pool, %s: out %.2e  state %.2e\n",
                 static_cast<long long>(N), static_cast<long long>(T), dtype_name(dtype),
                 layout == StateLayout::kVK ? "V-major" : "K-major", worst_out, worst_state);
-    for (int64_t s = 0; s < P; ++s)
-      if (std::find(idx.begin(), idx.end(), s) == idx.end())
-        ASSERT_EQ(0, std::memcmp(pool.data() + s * per_request * es, after.data() + s * per_request * es,
-                                 per_request * es))
-            << "slot " << s << " is not addressed but changed";
+    expect_unaddressed_slots_unchanged(pool, after, idx, per_request * es);
     cudaFree(d_pool);
     cudaFree(d_idx);
   }
