@@ -181,9 +181,20 @@ def verify_slots(T, seed, index_dtype):
     return idx, accepted, slots
 
 
+def start_slots(idx, accepted):
+    """Each request's start slot in a verify: the slot of its last accepted token."""
+    return np.array([idx[n, accepted[n] - 1] for n in range(N)], dtype=idx.dtype)
+
+
+def verify_case(T, seed, pool_dtype, index_dtype):
+    """A verify's requests, slots (verify_slots) and pool: (p, idx, accepted, slots, pool0)."""
+    idx, accepted, slots = verify_slots(T, seed + 1, index_dtype)
+    return requests(T, seed), idx, accepted, slots, random_pool(pool_dtype, seed + 2, slots)
+
+
 def check_verify(p, pool0, pool, before, out, idx, accepted, layout, gate, lower_bound=-5.0):
     T = idx.shape[1]
-    start = np.array([idx[n, accepted[n] - 1] for n in range(N)])
+    start = start_slots(idx, accepted)
     assert start[2] < 0 and all(start[n] >= 0 for n in (0, 1, 3))
     ref_out, _ = pool_oracle(p, pool0, start, layout, gate, lower_bound)
     check_out(out, ref_out, start)
@@ -208,11 +219,8 @@ VERIFY_CASES = [  # T, gate, layout, pool dtype, index dtype
 @pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", VERIFY_CASES)
 @pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_verify_with_decode_and_token_state_indices(fw, T, gate, layout, pool_dtype, index_dtype):
-    seed = 3000 + 11 * T
-    p = requests(T, seed)
-    idx, accepted, slots = verify_slots(T, seed + 1, index_dtype)
-    start = np.array([idx[n, accepted[n] - 1] for n in range(N)], dtype=index_dtype)
-    pool0 = random_pool(pool_dtype, seed + 2, slots)
+    p, idx, accepted, slots, pool0 = verify_case(T, 3000 + 11 * T, pool_dtype, index_dtype)
+    start = start_slots(idx, accepted)
     pool = to_fw(pool0.copy(), fw)
     before = slot_bytes(pool)
     q, k, v, g, beta, A_log, dt_bias = call_inputs(p, fw)
@@ -227,10 +235,7 @@ def test_verify_with_decode_and_token_state_indices(fw, T, gate, layout, pool_dt
 def test_verify_with_fused_recurrent_kda_and_random_accepted_counts(fw, T, gate, layout, pool_dtype, index_dtype):
     """ssm_state_indices [N, T] with num_accepted_tokens: request n starts from the slot of its
     last accepted token, and the state after each draft token lands in that token's slot."""
-    seed = 4000 + 11 * T
-    p = requests(T, seed)
-    idx, accepted, slots = verify_slots(T, seed + 1, index_dtype)
-    pool0 = random_pool(pool_dtype, seed + 2, slots)
+    p, idx, accepted, slots, pool0 = verify_case(T, 4000 + 11 * T, pool_dtype, index_dtype)
     pool = to_fw(pool0.copy(), fw)
     before = slot_bytes(pool)
     q, k, v, g, beta, A_log, dt_bias = call_inputs(p, fw)
@@ -256,13 +261,9 @@ ONE_STATE_CASES = [(4, "safe", "vk", "float32", "int64"), (3, "softplus", "kv", 
 @pytest.mark.parametrize("T, gate, layout, pool_dtype, index_dtype", ONE_STATE_CASES)
 @pytest.mark.parametrize("fw", DEVICE_FRAMEWORKS)
 def test_verify_writing_one_state_matches_the_per_token_verify(fw, T, gate, layout, pool_dtype, index_dtype):
-    seed = 5000 + 11 * T
-    p = requests(T, seed)
-    idx, accepted, slots = verify_slots(T, seed + 1, index_dtype)
-    start = np.array([idx[n, accepted[n] - 1] for n in range(N)], dtype=index_dtype)
-    pool0 = random_pool(pool_dtype, seed + 2, slots)
-    x = call_inputs(p, fw)
-    q, k, v, g, beta, A_log, dt_bias = x
+    p, idx, accepted, slots, pool0 = verify_case(T, 5000 + 11 * T, pool_dtype, index_dtype)
+    start = start_slots(idx, accepted)
+    q, k, v, g, beta, A_log, dt_bias = call_inputs(p, fw)
     common = dict(A_log=A_log, dt_bias=dt_bias, state_indices=to_fw(start, fw), gate=gate, state_layout=layout)
 
     per_token_pool = to_fw(pool0.copy(), fw)  # the reference: a state per draft token
@@ -283,9 +284,10 @@ def test_verify_writing_one_state_matches_the_per_token_verify(fw, T, gate, layo
     scratch = flashkda.decode(q, k, v, g, beta, state_pool=pool, token_state_indices=to_fw(accepted_column, fw),
                               **common)
     assert raw(scratch) == raw(per_token_out)
+    owner = {int(start[n]): n for n in range(N) if start[n] >= 0}  # start slot -> its request
     for s in range(slots):
-        if s in {int(start[n]) for n in range(N) if start[n] >= 0}:
-            n = [m for m in range(N) if start[m] == s][0]
+        if s in owner:
+            n = owner[s]
             assert raw(pool[s]) == raw(per_token_pool[int(idx[n, accepted[n] - 1])]), f"request {n}'s state in slot {s}"
         else:
             assert raw(pool[s]) == before[s], f"slot {s} was not a start slot but changed"
