@@ -129,9 +129,9 @@ __device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot,
 }
 
 // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
-// (g, t = 0..3) of the two token-half fragments: one 16-byte store (four fp16 pairs) per half.
-// In a WgmmaRecord, channel c is row c of both token steps' tiles: the step's even tokens fill
-// slots 0..3, its odd ones slots 4..7 (permuted), a 16-byte store each.
+// (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half. In a WgmmaRecord,
+// channel c is row c of both token steps' tiles: the step's even tokens fill slots 0..3, its
+// odd ones slots 4..7 (permuted), a 16-byte store each.
 template <bool kWgmma>
 __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[kChunk]) {
   if constexpr (kWgmma) {
@@ -147,10 +147,12 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   } else {
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      const float* x = kr + 8 * kt;
-      *reinterpret_cast<uint4*>(rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8))) =
-          make_uint4(ptx::pack_f16x2(x[0], x[1]), ptx::pack_f16x2(x[2], x[3]), ptx::pack_f16x2(x[4], x[5]),
-                     ptx::pack_f16x2(x[6], x[7]));
+      uint8_t* dst = rec + ChunkRecord::kKr + fragment_entry(2 * (c / 8) + kt, 4 * (c % 8), 8);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        reinterpret_cast<float4*>(dst)[h] =
+            make_float4(ptx::tf32_operand(kr[8 * kt + 4 * h + 0]), ptx::tf32_operand(kr[8 * kt + 4 * h + 1]),
+                        ptx::tf32_operand(kr[8 * kt + 4 * h + 2]), ptx::tf32_operand(kr[8 * kt + 4 * h + 3]));
     }
   }
 }
@@ -456,17 +458,12 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
-        // Wk as the state pass reads it (tf32 or fp16, both 11 significant bits), so that Qe
-        // below subtracts the very M Wk the state pass's U carries.
-        float2 x;
+        const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
         if constexpr (kWgmma) {  // token g + 8 r, channels ch + 2 t4 (+1): k-step ntile, elements 2 t4 (+1)
-          x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
           *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4)) = x.x;
           *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4 + 1)) = x.y;
         } else {
-          const uint32_t h = ptx::pack_f16x2(wk[2 * r], wk[2 * r + 1]);
-          x = ptx::unpack_f16x2(h);
-          *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane)) = h;
+          *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
         }
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
@@ -482,7 +479,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
           *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4)) = ptx::tf32_operand(qe[2 * r]);
           *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4 + 1)) = ptx::tf32_operand(qe[2 * r + 1]);
         } else {
-          *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane)) =
+          *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
               ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
         }
       }

@@ -22,6 +22,8 @@ namespace {
 
 using namespace state_pass;
 
+// Five stages: six no longer fit beside the staged state once Kr went back to tf32 (27 KB stages).
+constexpr int kStages = 5;
 constexpr int kWarps = 8;  // 8 value slices of 16 columns: the whole head, all key channels
 constexpr int kThreads = (kWarps + 1) * 32;
 
@@ -30,8 +32,6 @@ constexpr int kThreads = (kWarps + 1) * 32;
 // conflict-free (row g of a fragment starts 4 or 8 banks after row g - 1).
 __host__ __device__ constexpr uint32_t staged_row_bytes(bool f32) { return f32 ? 544 : 272; }
 constexpr uint32_t kStagedStateBytes = kHeadDim * staged_row_bytes(true);
-// One block a multiprocessor: the stages beside the staged state (6 of 18.5 KB).
-constexpr int kStages = stages_fitting(1, kStagedStateBytes);
 constexpr int kSmem = 128 + kStages * kStageBytes + kStagedStateBytes;
 static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one block's shared memory");
 
@@ -66,10 +66,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   // loop) and, with an initial state, its staged copy.
   __shared__ uint64_t full[kStages], empty[kStages], state_full, state_empty;
   __shared__ volatile int64_t item_slot[1];
-  // Each consumer warp parks its item's sequence and head here across the chunk loop, which needs
-  // every one of the 168 registers 9 warps allow (kept in registers, they spilled 20 bytes).
-  __shared__ int64_t parked_seq[kWarps];
-  __shared__ int parked_head[kWarps];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
@@ -142,51 +138,42 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   offsets.init<kNTiles>(lane, 0);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   int s = 0;
-  // Bit 0: the stage ring's parity (next_stage flips it); bit 1: state_full's, flipped per item.
-  // One register for both: the chunk loop needs every one of the 168 that 9 warps allow.
   uint32_t parity = 0;
   float acc[kNTiles][4];
 #pragma unroll 1
-  for (;; parity ^= 2) {
-    ptx::mbarrier_wait_parity(&state_full, parity >> 1);
+  for (uint32_t item = 0;; ++item) {
+    ptx::mbarrier_wait_parity(&state_full, item & 1);
     const int64_t j = *item_slot;
     if (j < 0) break;
     if (p.initial_state) load_staged_state(acc, staged, f32_in, vbase, lane);
     else load_state(acc, nullptr, false, 0, 0, lane);  // zeros
     ptx::mbarrier_arrive(&state_empty);
-    const int64_t n = j / H;  // one 64-bit division an item
-    const int h = static_cast<int>(j - n * H);
-    parked_seq[warp] = n;  // every lane writes the same values
-    parked_head[warp] = h;
+    const int h = static_cast<int>(j % H);
     int64_t bos, eos;
-    p.seqs.bounds(n, bos, eos);
+    p.seqs.bounds(j / H, bos, eos);
     const int len = static_cast<int>(eos - bos);  // < 2^31 tokens
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-    if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, n, h, H, 0, vbase, 0, lane);
+    if constexpr (kCheckpoints) write_checkpoints(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
     auto step = [&](int c) {
-      ptx::mbarrier_wait_parity(&full[s], parity & 1);
+      ptx::mbarrier_wait_parity(&full[s], parity);
       const int left = len - c * kChunk;
       chunk_step<1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
                     out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
       next_stage<kStages>(s, parity);
     };
+    const int chunks = (len + kChunk - 1) / kChunk;
     if constexpr (kCheckpoints) {
-      const int chunks = (len + kChunk - 1) / kChunk;
       for (int c = 0; c < chunks;) {
-        const int stop = p.checkpoints.next_boundary(n, c, chunks, kChunk);
+        const int stop = p.checkpoints.next_boundary(j / H, c, chunks, kChunk);
         for (; c < stop; ++c) step(c);
-        write_checkpoints(p.checkpoints, acc, n, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
+        write_checkpoints(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
       }
     } else {
-      for (int c = 0; c * kChunk < len; ++c) step(c);
+      for (int c = 0; c < chunks; ++c) step(c);
     }
-    if (p.final_state) {
-      __syncwarp();  // the parked values, written by this warp's lanes before the loop
-      const int64_t seq = parked_seq[warp];
-      if (const int64_t f = p.slots.final_slot(seq, p.slots.start(seq)); f >= 0)
-        store_state(acc, p.final_state, p.final_state_f32, (f * H + parked_head[warp]) * kHeadDim + vbase, 0, lane);
-    }
+    if (const int64_t f = p.slots.final_slot(j / H, p.slots.start(j / H)); p.final_state && f >= 0)
+      store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * kHeadDim + vbase, 0, lane);
   }
 }
 

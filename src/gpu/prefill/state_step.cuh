@@ -136,9 +136,9 @@ struct SliceExchange {
 // Byte offsets of this lane's fragment reads inside a chunk record, fixed for the whole
 // sequence: every read is one of these registers plus a compile-time immediate.
 struct LaneOffsets {
-  uint32_t wk;     // Wk entry of this warp's first channel tile, token half 0; + 2048 nt + 128 nl
+  uint32_t wk;     // Wk entry of this warp's first channel tile, token half 0; + 4096 nt + 256 nl
   uint32_t qe;     // Qe entry, same fragment;                                  + 2048 nt + 128 nl
-  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 256 nl + 128 kt
+  uint32_t kr;     // Kr entry of this warp's first channel tile, token half 0; + 512 nl + 256 kt
   uint32_t m[2];   // M and W: row g, token k-tile kt;                          + 512 nt
   uint32_t decay;  // exp(G_C): channel 8 tile0 + 2 t4;                         + 32 nl
 
@@ -146,9 +146,9 @@ struct LaneOffsets {
   __device__ __forceinline__ void init(int lane, int kpart) {
     const int g = lane >> 2, t4 = lane & 3, g1 = (g >> 1) & 1;
     const int tile0 = kpart * kTiles;  // first channel tile of this warp
-    wk = ChunkRecord::kWk + fragment_entry(tile0, lane);
-    qe = ChunkRecord::kQe + fragment_entry(tile0, lane);
-    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane);
+    wk = ChunkRecord::kWk + fragment_entry(tile0, lane, 8);
+    qe = ChunkRecord::kQe + fragment_entry(tile0, lane, 4);
+    kr = ChunkRecord::kKr + fragment_entry(2 * tile0, lane, 8);
 #pragma unroll
     for (int k = 0; k < 2; ++k) m[k] = 4 * (16 * g + 8 * (k ^ g1) + 2 * t4);
     decay = ChunkRecord::kDecay + 4 * (8 * tile0 + 2 * t4);
@@ -158,19 +158,16 @@ struct LaneOffsets {
 // Two adjacent fp32 elements of a record tile (8-byte aligned by construction).
 __device__ __forceinline__ float2 load_pair(const uint8_t* p) { return *reinterpret_cast<const float2*>(p); }
 
-// Two adjacent bf16 / fp16 elements of a record tile, widened to fp32 (exact in tf32).
+// Two adjacent bf16 elements of a record tile, widened to fp32 (exact in tf32).
 __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
   return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
-}
-__device__ __forceinline__ float2 load_f16_pair(const uint8_t* p) {
-  return ptx::unpack_f16x2(*reinterpret_cast<const uint32_t*>(p));
 }
 
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles
 // [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are
 // m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C
-// fragment is an A fragment as it stands, and every B fragment of Wk, Qe or Kr one 4-byte
-// shared-memory load (a 16-bit pair, conflict-free in the record's fragment order).
+// fragment is an A fragment as it stands, and every B fragment one shared-memory load (8 bytes
+// of fp32 or 4 of bf16, conflict-free in the record's fragment order).
 // OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs).
 template <int KS, typename OutT>
 __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
@@ -193,7 +190,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     ptx::tf32_a_from_c(acc[nl], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float2 w = load_f16_pair(rec + o.wk + 2048 * nt + 128 * nl);
+      const float2 w = load_pair(rec + o.wk + 4096 * nt + 256 * nl);
       const float2 e = load_bf16_pair(rec + o.qe + 2048 * nt + 128 * nl);
       ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
       ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
@@ -275,7 +272,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     acc[nl][3] *= d.y;
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      const float2 b = load_f16_pair(rec + o.kr + 256 * nl + 128 * kt);
+      const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
       ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
     }
   }
@@ -317,18 +314,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
 constexpr uint32_t kVRowBytes = kChunk * kHeadDim * 2;  // a chunk's v rows of one head, bf16
 constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kVRowBytes;
-// Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90),
-// and what a multiprocessor holds for all its blocks (each block also costs 1 KB reserved).
+// Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90).
 constexpr int kMaxBlockSmem = 227 * 1024;
-constexpr int kSmemPerSm = 228 * 1024;
-
-// Stages of a pipeline that fit `blocks` blocks a multiprocessor beside `extra` bytes a block
-// (128 bytes of barriers included), at most 6: more measured no faster (perf-notes, b459807).
-constexpr int stages_fitting(int blocks, int extra) {
-  const int per_block = kSmemPerSm / blocks - 1024 < kMaxBlockSmem ? kSmemPerSm / blocks - 1024 : kMaxBlockSmem;
-  const int stages = (per_block - 128 - extra) / static_cast<int>(kStageBytes);
-  return stages < 6 ? stages : 6;
-}
 
 // Fills a stage (one producer thread): the chunk record (ChunkRecord, or the wgmma pass's
 // WgmmaRecord), and the chunk's 16 v rows of head h as one tensor-map tile after it (rows past

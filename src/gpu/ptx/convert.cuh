@@ -1,4 +1,4 @@
-// fp32 <-> bf16 / fp16 pair packing and fp32 -> tf32 rounding.
+// fp32 <-> bf16 pair packing and fp32 -> tf32 rounding.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,23 +16,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
   return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
-}
-
-// Packs (lo, hi) into one register as fp16: `lo` in the low 16 bits, round to nearest even
-// (beyond 65504: infinity; the record's fp16 fields are bounded far below, chunk_record.cuh).
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// The two fp16 halves of x widened to fp32 (exact, and a tf32 value as it stands).
-__device__ __forceinline__ float2 unpack_f16x2(uint32_t x) {
-  float lo, hi;
-  asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}\n"
-      : "=f"(lo), "=f"(hi)
-      : "r"(x));
-  return make_float2(lo, hi);
 }
 
 // x rounded to the nearest tf32 value (ties away from zero, as cvt.rna.tf32.f32), as an mma
