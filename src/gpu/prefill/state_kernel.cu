@@ -4,7 +4,7 @@
 // transposed (S^T [16 v][128 k], the storage layout), in fp32 registers as mma C fragments for
 // the whole sequence. Value columns never mix, so the slices of a head need no communication;
 // a block holds several slices of one head (or one slice split over warps by key channels) that
-// share the chunk records streamed into shared memory by the copy engine (STAGES deep). Per
+// share the chunk records streamed into shared memory by the copy engine (kStages deep). Per
 // chunk, with the record of chunk_record.cuh:
 //   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
 // The products run on the tensor cores in tf32 (fp32 state, records in tf32 or bf16, both exact
@@ -35,8 +35,10 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 }
 
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
-// producer warp that keeps STAGES chunks in flight: each step waits on its stage, so the copy
-// latency must hide behind STAGES - 1 steps, and no computing warp ever waits to refill.
+// producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
+// latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.
+// BLOCKS: the blocks a multiprocessor the layout is meant to run; the stages are as many as
+// shared memory then holds (stages_fitting).
 //
 // kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut
 // into S segments and blockIdx.y picks the run: 0 runs segment 0 from the initial state (out as
@@ -50,10 +52,18 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // and checkpoints may be K-major (p.k_major). A kernel of its own: any checkpoint code in or
 // beside the chunk loop of the plain kernel (a check per chunk, or a second copy of the loop)
 // cost P1, P3 and P7 3-8%.
-template <int VW, int KS, int STAGES, bool kSplit, bool kServing = false>
+// Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
+template <int VW, int KS>
+constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
+
+static_assert(stages_fitting(1, 0) == 6 && stages_fitting(2, 0) == 4 && stages_fitting(2, kExchangeBytes<2, 2>) == 3 &&
+                  stages_fitting(2, kExchangeBytes<1, 4>) == 3,
+              "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
+
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
-  constexpr int kStages = STAGES;
+  constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
   constexpr int kTiles = kNTiles / KS;
@@ -170,29 +180,31 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   }
 }
 
-template <int VW, int KS, int STAGES, bool kSplit, bool kServing = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing) {
-    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, STAGES, false, true>(p, stream);
+    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
   }
-  constexpr int kSmem = 128 + STAGES * kStageBytes + (KS > 1 ? 2 * VW * sizeof(SliceExchange<KS>) : 0);
-  static_assert(kSmem <= kMaxBlockSmem, "the stages must fit one block's shared memory");
+  constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
+  static_assert(kStages >= 3, "a pipeline of at least three stages");
+  constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;
+  static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, STAGES, kSplit, kServing>,
+    return cudaFuncSetAttribute(state_kernel<VW, KS, BLOCKS, kSplit, kServing>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, STAGES, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, BLOCKS, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // Stages (kStageBytes, 26.5 KB): as many as shared memory holds at the blocks per
-  // multiprocessor that the layout is meant to run (8x1, 2x2 and 1x4: one block, 6/3/6 stages;
-  // 4x1 and the compact split: two blocks, 3).
+  // The third argument is the blocks a multiprocessor each layout is meant to run (8x1 and
+  // 1x4: one; 4x1, 2x2 and the compact split: two); the stages (kStageBytes, 26.5 KB) are as many
+  // as shared memory then holds, at most 6 (the static_assert above).
   if (p.split.segments > 0) {  // the segment-parallel form runs the few-heads layouts
     if (p.k_major || p.checkpoints.count > 0)
       fail(ErrorCode::kInternal, "state kernel: the split pass takes neither K-major states nor checkpoints");
@@ -200,17 +212,17 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
     if (!two_by_two && (config.value_slices != 1 || config.key_parts != 4))
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 and 2x2 layouts only");
     if (two_by_two) {
-      if (p.split.compact) launch_state_config<2, 2, 3, true>(p, stream);
-      else launch_state_config<2, 2, 6, true>(p, stream);
+      if (p.split.compact) launch_state_config<2, 2, 2, true>(p, stream);
+      else launch_state_config<2, 2, 1, true>(p, stream);
     } else if (p.split.compact) {
-      launch_state_config<1, 4, 3, true>(p, stream);
+      launch_state_config<1, 4, 2, true>(p, stream);
     } else {
-      launch_state_config<1, 4, 6, true>(p, stream);
+      launch_state_config<1, 4, 1, true>(p, stream);
     }
-  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 6, false>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 3, false>(p, stream);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 3, false>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 6, false>(p, stream);
+  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, false>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 2, false>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 2, false>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 1, false>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);

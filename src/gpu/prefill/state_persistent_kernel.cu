@@ -22,8 +22,6 @@ namespace {
 
 using namespace state_pass;
 
-// Five stages: six no longer fit beside the staged state once Kr went back to tf32 (27 KB stages).
-constexpr int kStages = 5;
 constexpr int kWarps = 8;  // 8 value slices of 16 columns: the whole head, all key channels
 constexpr int kThreads = (kWarps + 1) * 32;
 
@@ -32,6 +30,8 @@ constexpr int kThreads = (kWarps + 1) * 32;
 // conflict-free (row g of a fragment starts 4 or 8 banks after row g - 1).
 __host__ __device__ constexpr uint32_t staged_row_bytes(bool f32) { return f32 ? 544 : 272; }
 constexpr uint32_t kStagedStateBytes = kHeadDim * staged_row_bytes(true);
+// One block a multiprocessor: the stages that fit beside the staged state (5 of 26.5 KB).
+constexpr int kStages = stages_fitting(1, kStagedStateBytes);
 constexpr int kSmem = 128 + kStages * kStageBytes + kStagedStateBytes;
 static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one block's shared memory");
 

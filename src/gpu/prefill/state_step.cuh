@@ -314,8 +314,18 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
 constexpr uint32_t kVRowBytes = kChunk * kHeadDim * 2;  // a chunk's v rows of one head, bf16
 constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kVRowBytes;
-// Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90).
+// Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90),
+// and what a multiprocessor holds for all its blocks (each block also costs 1 KB reserved).
 constexpr int kMaxBlockSmem = 227 * 1024;
+constexpr int kSmemPerSm = 228 * 1024;
+
+// Stages of a pipeline that fit `blocks` blocks a multiprocessor beside `extra` bytes a block
+// (128 bytes of barriers included), at most 6: more measured no faster (perf-notes, b459807).
+constexpr int stages_fitting(int blocks, int extra) {
+  const int per_block = kSmemPerSm / blocks - 1024 < kMaxBlockSmem ? kSmemPerSm / blocks - 1024 : kMaxBlockSmem;
+  const int stages = (per_block - 128 - extra) / static_cast<int>(kStageBytes);
+  return stages < 6 ? stages : 6;
+}
 
 // Fills a stage (one producer thread): the chunk record (ChunkRecord, or the wgmma pass's
 // WgmmaRecord), and the chunk's 16 v rows of head h as one tensor-map tile after it (rows past
