@@ -38,7 +38,9 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.
 // BLOCKS: the blocks a multiprocessor the layout is meant to run; the stages are as many as
-// shared memory then holds (stages_fitting).
+// shared memory then holds (stages_fitting). WS: slices a warp (1, or 2 for the wide 8x1x2
+// layout: 4 warps a head, each record fragment loaded feeds two slices' products; experimental,
+// FLASHKDA_STATE_CONFIG=8x1x2, plain calls only).
 //
 // kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut
 // into S segments and blockIdx.y picks the run: 0 runs segment 0 from the initial state (out as
@@ -60,11 +62,12 @@ static_assert(stages_fitting(1, 0) == 6 && stages_fitting(2, 0) == 4 && stages_f
                   stages_fitting(2, kExchangeBytes<1, 4>) == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
-__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
+template <int VW, int KS, int WS, int BLOCKS, bool kSplit, bool kServing = false>
+__global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
+  static_assert(VW % WS == 0 && (WS == 1 || KS == 1), "whole slices a warp; wide warps hold every key channel");
   constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
-  constexpr int kWarps = VW * KS;
+  constexpr int kWarps = VW / WS * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
   constexpr int kTiles = kNTiles / KS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t head_block = blockIdx.x / kGroups;
   const int h = static_cast<int>(head_block % H);
   const int64_t n = head_block / H;
-  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
+  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice * WS) * 16;  // first of WS slices
 
   const int64_t start = p.slots.start(n);
   if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
@@ -125,16 +128,22 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
   const int64_t initial_row0 = (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
-  float acc[kTiles][4];
+  float acc[WS][kTiles][4];  // slice m: value columns vbase + 16 m ..
   const bool k_major = kServing && p.k_major;
-  if (k_major) load_state<kTiles, true>(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
-  else if (!kSplit || run == 0) load_state(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
-  else if (!a_run) load_state(acc, nullptr, false, state_row0, col0, lane);  // zeros
-  else load_identity(acc, vbase, col0, lane);
+#pragma unroll
+  for (int m = 0; m < WS; ++m) {
+    if (k_major) load_state<kTiles, true>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
+    else if (!kSplit || run == 0) load_state(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
+    else if (!a_run) load_state(acc[m], nullptr, false, state_row0, col0, lane);  // zeros
+    else load_identity(acc[m], vbase + 16 * m, col0, lane);
+  }
 
   auto checkpoints = [&](int64_t tokens) {
-    if (k_major) write_checkpoints<kTiles, true>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
-    else write_checkpoints(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
+#pragma unroll
+    for (int m = 0; m < WS; ++m) {
+      if (k_major) write_checkpoints<kTiles, true>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
+      else write_checkpoints(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
+    }
   };
   if constexpr (kServing) checkpoints(0);
   LaneOffsets offsets;
@@ -148,7 +157,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       ptx::mbarrier_wait_parity(&full[s], parity);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-      chunk_step<KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+      chunk_step<KS, WS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
       next_stage<kStages>(s, parity);
@@ -172,18 +181,26 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     float* const final_state = run == 0  ? p.split.boundary
                                : a_run ? p.split.a_t + (segment - 1) * state_elems
                                        : p.split.b_t + (segment - 1) * state_elems;
-    store_state(acc, final_state, true, state_row0, col0, lane);
+#pragma unroll
+    for (int m = 0; m < WS; ++m) store_state(acc[m], final_state, true, state_row0 + 16 * m, col0, lane);
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     const int64_t final_row0 = (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
-    if (k_major) store_state<kTiles, true>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
-    else store_state(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
+#pragma unroll
+    for (int m = 0; m < WS; ++m) {
+      if (k_major) store_state<kTiles, true>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
+      else store_state(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
+    }
   }
 }
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
+template <int VW, int KS, int WS, int BLOCKS, bool kSplit, bool kServing = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing) {
-    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
+    if (p.checkpoints.count > 0 || p.k_major) {
+      // The wide layout's serving form would spill (255 registers): the plan never asks for it.
+      if constexpr (WS > 1) fail(ErrorCode::kInternal, "state kernel: 8x1x2 takes neither checkpoints nor K-major states");
+      else return launch_state_config<VW, KS, WS, BLOCKS, false, true>(p, stream);
+    }
   }
   constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
   static_assert(kStages >= 3, "a pipeline of at least three stages");
@@ -191,12 +208,12 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, BLOCKS, kSplit, kServing>,
+    return cudaFuncSetAttribute(state_kernel<VW, KS, WS, BLOCKS, kSplit, kServing>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, BLOCKS, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, WS, BLOCKS, kSplit, kServing><<<grid, (VW / WS * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
@@ -212,17 +229,23 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
     if (!two_by_two && (config.value_slices != 1 || config.key_parts != 4))
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 and 2x2 layouts only");
     if (two_by_two) {
-      if (p.split.compact) launch_state_config<2, 2, 2, true>(p, stream);
-      else launch_state_config<2, 2, 1, true>(p, stream);
+      if (p.split.compact) launch_state_config<2, 2, 1, 2, true>(p, stream);
+      else launch_state_config<2, 2, 1, 1, true>(p, stream);
     } else if (p.split.compact) {
-      launch_state_config<1, 4, 2, true>(p, stream);
+      launch_state_config<1, 4, 1, 2, true>(p, stream);
     } else {
-      launch_state_config<1, 4, 1, true>(p, stream);
+      launch_state_config<1, 4, 1, 1, true>(p, stream);
     }
-  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, false>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 2, false>(p, stream);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 2, false>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 1, false>(p, stream);
+  } else if (config.warp_slices == 2) {
+    if (config.value_slices != 8 || config.key_parts != 1)
+      fail(ErrorCode::kInternal, "state kernel: two slices a warp only in the 8x1 layout (8x1x2)");
+    launch_state_config<8, 1, 2, 1, false>(p, stream);
+  } else if (config.warp_slices != 1) {
+    fail(ErrorCode::kInternal, "state kernel: one or two slices a warp, got ", config.warp_slices);
+  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, 1, false>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 1, 2, false>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 1, 2, false>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 1, 1, false>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);
