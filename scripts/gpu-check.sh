@@ -17,8 +17,8 @@
 # sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
 # h200.md and h200.png. The wgmma step (not a default one) adds bench-default.json and
 # bench-wgmma.json: run it without bench and python to stay within the 8; the wide step
-# (FLASHKDA_STATE_CONFIG=8x1x2 against the default on WIDE_CASES) adds bench-default.json and
-# bench-wide.json.
+# (FLASHKDA_STATE_CONFIG=8x1x2 against the default on WIDE_CASES; P3 and P9 then run it per
+# item, not persistent) adds bench-default.json and bench-wide.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -125,7 +125,7 @@ for step in $steps; do
         flag=""
         [ "$mode" = wide ] && flag="FLASHKDA_STATE_CONFIG=8x1x2"
         run_step "flashkda bench ($mode layout)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
-          "$CLI_BIN" bench --case "${WIDE_CASES:-P1,P4,P10}" --json "$OUT/bench-$mode.json"
+          "$CLI_BIN" bench --case "${WIDE_CASES:-P1,P3,P4,P9,P10}" --json "$OUT/bench-$mode.json"
       done
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
