@@ -17,8 +17,8 @@
 # sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
 # h200.md and h200.png. The wgmma step (not a default one) adds bench-default.json and
 # bench-wgmma.json: run it without bench and python to stay within the 8; the wide step
-# (FLASHKDA_STATE_CONFIG=8x1x2 against the default on WIDE_CASES; P3 and P9 then run it per
-# item, not persistent) adds bench-default.json and bench-wide.json.
+# (FLASHKDA_STATE_CONFIG=8x1x2 against the default on WIDE_CASES, P3 and P9 then per item, not
+# persistent; 4x1x2 on WIDE4_CASES) adds bench-default.json, bench-wide.json, bench-wide4.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -120,12 +120,13 @@ for step in $steps; do
           "$CLI_BIN" bench --case "${WGMMA_CASES:-P1,P3,P4,P9}" --json "$OUT/bench-$mode.json"
       done
       ;;
-    wide)  # the experimental wide state layout (8x1x2: two slices a warp) against the default, one run each
-      for mode in default wide; do
-        flag=""
+    wide)  # the experimental wide state layouts (two slices a warp) against the default, one run each
+      for mode in default wide wide4; do
+        flag="" cases=${WIDE_CASES:-P1,P3,P4,P9,P10}
         [ "$mode" = wide ] && flag="FLASHKDA_STATE_CONFIG=8x1x2"
+        [ "$mode" = wide4 ] && flag="FLASHKDA_STATE_CONFIG=4x1x2" cases=${WIDE4_CASES:-P1,P4,P10}
         run_step "flashkda bench ($mode layout)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
-          "$CLI_BIN" bench --case "${WIDE_CASES:-P1,P3,P4,P9,P10}" --json "$OUT/bench-$mode.json"
+          "$CLI_BIN" bench --case "$cases" --json "$OUT/bench-$mode.json"
       done
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case

@@ -188,8 +188,8 @@ TEST_P(GpuPrefillLayout, MatchesOracle) {
   expect_matches_oracle(large);
 }
 
-// 8x1x2: the experimental wide layout (two slices a warp, 4 warps a head).
-INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4", "8x1x2"));
+// 8x1x2, 4x1x2: the experimental wide layouts (two slices a warp, 4 warps a head).
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4", "8x1x2", "4x1x2"));
 
 // A suite that forces one launcher path of the chunked prefill on (its variable set to 1) for
 // each of its tests, on the chunked kernels even where a call is decode-shaped.

@@ -52,7 +52,7 @@ StateConfig choose_state_config(int64_t seq_heads, int sms) {
   return {1, 4};
 }
 
-// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) or 8x1x2 (two slices a warp, experimental)
+// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4), or 8x1x2 / 4x1x2 (two slices a warp, experimental)
 // overrides the choice: tests run every layout.
 StateConfig state_config(int64_t seq_heads, int sms) {
   if (const char* forced = std::getenv("FLASHKDA_STATE_CONFIG")) {
@@ -175,7 +175,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   PrefillPlan plan;
   plan.multiprocessors = multiprocessor_count();
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
-  // The wide layout (8x1x2, forced only) runs plain calls; checkpoints and K-major states keep 8x1.
+  // The wide layouts (forced only) run plain calls; checkpoints and K-major states keep one slice a warp.
   if (c.warp_slices == 2 && (p.checkpoint_offsets || p.state_layout != StateLayout::kVK)) c.warp_slices = 1;
   if (use_wgmma(p)) {
     plan.pass = PrefillPlan::Pass::kWgmma;

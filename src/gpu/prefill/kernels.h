@@ -95,7 +95,8 @@ struct StitchParams {
 
 // How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
 // head, each slice split over `key_parts` warps by key channels, `warp_slices` slices a warp.
-// Supported: 8x1, 4x1, 2x2, 1x4 (one slice a warp) and 8x1x2 (experimental: 4 warps a head).
+// Supported: 8x1, 4x1, 2x2, 1x4 (one slice a warp), 8x1x2 and 4x1x2 (experimental: 4 warps a
+// head, in one block or two).
 struct StateConfig {
   int value_slices;
   int key_parts;

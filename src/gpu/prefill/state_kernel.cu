@@ -38,9 +38,9 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.
 // BLOCKS: the blocks a multiprocessor the layout is meant to run; the stages are as many as
-// shared memory then holds (stages_fitting). WS: slices a warp (1, or 2 for the wide 8x1x2
-// layout: 4 warps a head, each record fragment loaded feeds two slices' products; experimental,
-// FLASHKDA_STATE_CONFIG=8x1x2, plain calls only).
+// shared memory then holds (stages_fitting). WS: slices a warp (1, or 2 for the wide layouts
+// 8x1x2 and 4x1x2: 4 warps a head, each record fragment loaded feeds two slices' products;
+// experimental, FLASHKDA_STATE_CONFIG=8x1x2 or 4x1x2, plain calls only).
 //
 // kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut
 // into S segments and blockIdx.y picks the run: 0 runs segment 0 from the initial state (out as
@@ -198,7 +198,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing) {
     if (p.checkpoints.count > 0 || p.k_major) {
       // The wide layout's serving form would spill (255 registers): the plan never asks for it.
-      if constexpr (WS > 1) fail(ErrorCode::kInternal, "state kernel: 8x1x2 takes neither checkpoints nor K-major states");
+      if constexpr (WS > 1) fail(ErrorCode::kInternal, "state kernel: the wide layouts take neither checkpoints nor K-major states");
       else return launch_state_config<VW, KS, WS, BLOCKS, false, true>(p, stream);
     }
   }
@@ -237,9 +237,10 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
       launch_state_config<1, 4, 1, 1, true>(p, stream);
     }
   } else if (config.warp_slices == 2) {
-    if (config.value_slices != 8 || config.key_parts != 1)
-      fail(ErrorCode::kInternal, "state kernel: two slices a warp only in the 8x1 layout (8x1x2)");
-    launch_state_config<8, 1, 2, 1, false>(p, stream);
+    if (config.key_parts != 1 || (config.value_slices != 8 && config.value_slices != 4))
+      fail(ErrorCode::kInternal, "state kernel: two slices a warp only in the 8x1 and 4x1 layouts (8x1x2, 4x1x2)");
+    if (config.value_slices == 8) launch_state_config<8, 1, 2, 1, false>(p, stream);
+    else launch_state_config<4, 1, 2, 2, false>(p, stream);
   } else if (config.warp_slices != 1) {
     fail(ErrorCode::kInternal, "state kernel: one or two slices a warp, got ", config.warp_slices);
   } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, 1, false>(p, stream);
