@@ -58,15 +58,19 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
 
-static_assert(stages_fitting(1, 0) == 6 && stages_fitting(2, 0) == 4 && stages_fitting(2, kExchangeBytes<2, 2>) == 3 &&
-                  stages_fitting(2, kExchangeBytes<1, 4>) == 3,
+// The stages of a layout run at BLOCKS blocks a multiprocessor: as many as shared memory holds.
+template <int VW, int KS, int BLOCKS>
+constexpr int kLayoutStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
+
+static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLayoutStages<4, 1, 2> == 4 &&
+                  kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
 template <int VW, int KS, int WS, int BLOCKS, bool kSplit, bool kServing = false>
 __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
   static_assert(VW % WS == 0 && (WS == 1 || KS == 1), "whole slices a warp; wide warps hold every key channel");
-  constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
+  constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW / WS * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
   constexpr int kTiles = kNTiles / KS;
@@ -202,7 +206,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
       else return launch_state_config<VW, KS, WS, BLOCKS, false, true>(p, stream);
     }
   }
-  constexpr int kStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
+  constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
   constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;
   static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
@@ -219,8 +223,8 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // The third argument is the blocks a multiprocessor each layout is meant to run (8x1 and
-  // 1x4: one; 4x1, 2x2 and the compact split: two); the stages (kStageBytes, 26.5 KB) are as many
+  // Template arguments: the layout (VW x KS), the slices a warp (WS), and the blocks a
+  // multiprocessor it is meant to run (8x1 and 1x4: one; 4x1, 2x2 and the compact split: two); the stages (kStageBytes, 26.5 KB) are as many
   // as shared memory then holds, at most 6 (the static_assert above).
   if (p.split.segments > 0) {  // the segment-parallel form runs the few-heads layouts
     if (p.k_major || p.checkpoints.count > 0)
