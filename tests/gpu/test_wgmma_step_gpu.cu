@@ -27,7 +27,7 @@ namespace {
 
 using gpu::WgmmaRecord;
 constexpr int kD = 128, kC = 16;
-constexpr uint32_t kImageBytes = WgmmaRecord::kBytes + kC * kD * 2;  // the record, then the v rows
+constexpr uint32_t kImageBytes = WgmmaRecord::kBytes + gpu::state_pass::kVRowBytes;  // the record, then the v rows
 
 // Runs `steps` chunks on one head: state_io [128 v][128 k] fp32 in and out; out [steps][16][128]
 // bf16 (row t of chunk c, value column v), written where t < count.
@@ -108,7 +108,7 @@ std::vector<uint8_t> image_of(const Chunk& c, int count) {
   for (int t = 0; t < kC; ++t)
     for (int v = 0; v < kD; ++v) {
       const uint16_t x = t < count ? c.v[t * kD + v] : nan;
-      std::memcpy(img.data() + WgmmaRecord::kBytes + 2 * (t * kD + v), &x, 2);
+      std::memcpy(img.data() + WgmmaRecord::kBytes + 2 * (t * gpu::kVRowStride + v), &x, 2);
     }
   return img;
 }

@@ -234,7 +234,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
-  StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk),
+  StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk, kVRowStride),
                     records,
                     static_cast<int>(p.H),
                     seqs,

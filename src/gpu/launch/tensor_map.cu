@@ -25,14 +25,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
 }  // namespace
 
 CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t heads, int64_t token_stride,
-                                  int64_t head_stride, int box_tokens) {
+                                  int64_t head_stride, int box_tokens, int box_row) {
   constexpr cuuint64_t kRow = 128;
   CUtensorMap map{};
   // A problem with no tokens still gets a valid (never used) map: dimensions must be >= 1.
   const cuuint64_t dims[3] = {kRow, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2,
                                  static_cast<cuuint64_t>(token_stride) * 2};  // bytes, dims 1..2
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kRow), 1, static_cast<cuuint32_t>(box_tokens)};
+  if (box_row < static_cast<int>(kRow) || box_row > 256 || box_row % 8 != 0)
+    fail(ErrorCode::kInternal, "tensor map: box_row must be a multiple of 8 in [128, 256], got ", box_row);
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_row), 1, static_cast<cuuint32_t>(box_tokens)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encode_tiled_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
                                        strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -7,6 +7,7 @@
 
 #include "gpu/common/activation_view.cuh"
 #include "gpu/common/state_slots.cuh"
+#include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/sequences.cuh"
 
 namespace flashkda::gpu {
@@ -54,8 +55,16 @@ struct StateSplit {
   }
 };
 
+// A state-pass stage's v rows are kVRowStride elements apart: the tensor-map box is 8 elements
+// wider than a row (they arrive as zeros, past the tensor's row). The steps read V^T fragments
+// as single elements, lane (g, t) from token rows 2t, 2t + 1 and column g: with 128-element rows
+// the four token rows of a load share their banks, a 4-way conflict on every v load (about 10%
+// of the 8x1 pass's shared-memory wavefronts at P1, ncu); 136 puts them 8 banks apart.
+constexpr int kVRowStride = kHeadDim + 8;
+static_assert((kVRowStride * 2) % 16 == 0, "tensor-map box rows are multiples of 16 bytes");
+
 struct StateParams {
-  CUtensorMap v_rows;          // v [total, H, 128] bf16, boxes of 16 tokens of one head
+  CUtensorMap v_rows;          // v [total, H, 128] bf16, boxes of 16 tokens of one head, kVRowStride wide
   const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
   int num_heads;
   SequenceTable seqs;

@@ -12,6 +12,7 @@
 #include "common/bf16.h"
 #include "gpu/common/state_slots.cuh"  // CheckpointTable
 #include "gpu/prefill/chunk_record.cuh"
+#include "gpu/prefill/kernels.h"  // kVRowStride
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/movmatrix.cuh"
@@ -20,6 +21,9 @@
 namespace flashkda::gpu::state_pass {
 
 constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
+
+constexpr uint32_t kVRowBytes = kChunk * kVRowStride * 2;  // a chunk's v rows of one head in a stage
+static_assert(kVRowBytes % 128 == 0, "stages stay aligned");
 
 // Calls fn(nt, r, idx) for each pair of this lane's C fragments of state rows [row0, row0 + 16),
 // columns [col0, col0 + 8 kTiles): acc[nt][2r], acc[nt][2r + 1] are elements idx, idx + 1 of
@@ -247,7 +251,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
   // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T -
   // X^T, rounded to tf32 as the A fragments (k = tokens) of the state update.
   float wv[kM][2][4] = {};
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][128]
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][kVRowStride]
 #pragma unroll
   for (int kt = 0; kt < 2; ++kt) {
     const int tok = kt * 8 + 2 * t4;
@@ -258,8 +262,8 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
       for (int e = 0; e < 2; ++e) {
         const bool live = tok + e < count;
         const int v = vbase + 16 * m + g;
-        const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kHeadDim + v]} << 16 : 0u;
-        const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kHeadDim + v + 8]} << 16 : 0u;
+        const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
+        const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
         a[m][2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
         a[m][2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
       }
@@ -353,8 +357,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
                     barrier_id, out_chunk, count, out_row_stride);
 }
 
-// One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16).
-constexpr uint32_t kVRowBytes = kChunk * kHeadDim * 2;  // a chunk's v rows of one head, bf16
+// One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16, kVRowStride apart).
 constexpr uint32_t kStageBytes = ChunkRecord::kBytes + kVRowBytes;
 // Dynamic shared memory one block may take on the multiprocessors these kernels run on (sm_90),
 // and what a multiprocessor holds for all its blocks (each block also costs 1 KB reserved).

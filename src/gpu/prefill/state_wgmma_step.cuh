@@ -34,7 +34,7 @@ __device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&
 __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* rec, int vbase, int lane,
                                                  uint16_t* out_chunk, int count, int64_t out_row_stride) {
   const int g = lane >> 2, t4 = lane & 3;
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + WgmmaRecord::kBytes);  // [16][128]
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + WgmmaRecord::kBytes);  // [16][kVRowStride]
   float xo[16] = {}, wv[8] = {};  // xo: X^T in n-blocks 0, 1 (tokens 0..15), O^T in n-blocks 2, 3
   uint32_t as[16][4], av[2][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
 #pragma unroll
@@ -45,8 +45,8 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     for (int half = 0; half < 2; ++half) {  // tokens past the sequence end read as 0 (the tile may hold the next one's)
       const int tok = 8 * st + t4 + 4 * half;
       const bool live = tok < count;
-      av[st][2 * half] = live ? uint32_t{v_rows[tok * kHeadDim + vbase + g]} << 16 : 0u;
-      av[st][2 * half + 1] = live ? uint32_t{v_rows[tok * kHeadDim + vbase + g + 8]} << 16 : 0u;
+      av[st][2 * half] = live ? uint32_t{v_rows[tok * kVRowStride + vbase + g]} << 16 : 0u;
+      av[st][2 * half + 1] = live ? uint32_t{v_rows[tok * kVRowStride + vbase + g + 8]} << 16 : 0u;
     }
   // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
   ptx::fence_operands(av[0]);
