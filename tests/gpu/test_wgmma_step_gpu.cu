@@ -41,10 +41,11 @@ __global__ void __launch_bounds__(256, 1) run_steps(const uint8_t* image, float*
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int vbase = 64 * (warp / 4) + 16 * (warp % 4);
   float acc[gpu::state_pass::kNTiles][4];
-  gpu::state_pass::load_state(acc, state_io, true, vbase, 0, lane);
+  using gpu::state_pass::StateOrder;  // C order: wgmma's accumulator holds C fragments
+  gpu::state_pass::load_state<StateOrder::kC>(acc, state_io, true, vbase, 0, lane);
   float(&s)[64] = reinterpret_cast<float(&)[64]>(acc);
   for (int c = 0; c < steps; ++c) gpu::state_pass::wgmma_chunk_step(s, sm, vbase, lane, out + c * kC * kD, count, kD);
-  gpu::state_pass::store_state(acc, state_io, true, vbase, 0, lane);
+  gpu::state_pass::store_state<StateOrder::kC>(acc, state_io, true, vbase, 0, lane);
 }
 
 class GpuWgmmaStep : public ::testing::Test {

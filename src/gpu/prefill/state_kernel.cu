@@ -1,17 +1,17 @@
 // State-pass kernel: the sequential part of the chunked recurrence.
 //
 // Each warp owns 16 value columns of one (sequence, head) and keeps that slice of the state,
-// transposed (S^T [16 v][128 k], the storage layout), in fp32 registers as mma C fragments for
-// the whole sequence. Value columns never mix, so the slices of a head need no communication;
-// a block holds several slices of one head (or one slice split over warps by key channels) that
-// share the chunk records streamed into shared memory by the copy engine (kStages deep). Per
-// chunk, with the record of chunk_record.cuh:
+// transposed (S^T [16 v][128 k], the storage layout), in fp32 registers for the whole sequence
+// (as mma C or A fragments: state_step.cuh's StateOrder). Value columns never mix, so the
+// slices of a head need no communication; a block holds several slices of one head (or one
+// slice split over warps by key channels) that share the chunk records streamed into shared
+// memory by the copy engine (kStages deep). Per chunk, with the record of chunk_record.cuh:
 //   X^T = S^T Wk^T,  U^T = WV^T - X^T,  O^T = S^T Qe^T + WV^T M^T,  S^T = S^T D + U^T Kr.
 // The products run on the tensor cores in tf32 (fp32 state, records in tf32 or bf16, both exact
-// as tf32 operands): C fragments of S^T, X^T and U^T are directly the A fragments of the next
-// product, with no conversion. (A bf16 variant needed hi/lo splits of S, U, WV and Kr to stay
-// under the 5e-3 bar on large states with little decay, and those splits cost more
-// instructions than the products.)
+// as tf32 operands): the C fragments of S^T, X^T and U^T become the A fragments of the next
+// product with no conversion, k permuted (mma.cuh). (A bf16 variant needed hi/lo splits of S,
+// U, WV and Kr to stay under the 5e-3 bar on large states with little decay, and those splits
+// cost more instructions than the products.)
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
@@ -25,12 +25,12 @@ namespace {
 using namespace state_pass;
 
 // The identity as the initial state (rows v, columns k): the split pass's A run.
-template <int kTiles>
+template <StateOrder O, int kTiles>
 __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t row0, int col0, int lane) {
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
     const int64_t v = idx / kHeadDim, k = idx % kHeadDim;
-    acc[nt][2 * r] = v == k ? 1.0f : 0.0f;
-    acc[nt][2 * r + 1] = v == k + 1 ? 1.0f : 0.0f;
+    acc[nt][pair_first<O>(r)] = v == k ? 1.0f : 0.0f;
+    acc[nt][pair_second<O>(r)] = v == k + 1 ? 1.0f : 0.0f;
   });
 }
 
@@ -73,6 +73,12 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW / WS * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
+  // The state's register order (state_step.cuh). The C order where it measured faster: the 8x1
+  // layout (P1 1.188 ms against 1.216) and the split pass (P7 1.128 against 1.137); the A order
+  // elsewhere (4x1: P4 0.730 against 0.771, P10 1.47 against 1.63). A layout's serving form
+  // keeps its plain form's order: the two do the same arithmetic, so that a checkpoint equals a
+  // prefill of the prefix bit for bit (the order changes the state update's rounding).
+  constexpr StateOrder kOrder = kSplit || (VW == 8 && KS == 1) ? StateOrder::kC : StateOrder::kA;
   constexpr int kTiles = kNTiles / KS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int vslice = warp / KS, kpart = warp % KS;
@@ -136,17 +142,17 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
   const bool k_major = kServing && p.k_major;
 #pragma unroll
   for (int m = 0; m < WS; ++m) {
-    if (k_major) load_state<kTiles, true>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
-    else if (!kSplit || run == 0) load_state(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
-    else if (!a_run) load_state(acc[m], nullptr, false, state_row0, col0, lane);  // zeros
-    else load_identity(acc[m], vbase + 16 * m, col0, lane);
+    if (k_major) load_state<kOrder, true>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
+    else if (!kSplit || run == 0) load_state<kOrder>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
+    else if (!a_run) load_state<kOrder>(acc[m], nullptr, false, state_row0, col0, lane);  // zeros
+    else load_identity<kOrder>(acc[m], vbase + 16 * m, col0, lane);
   }
 
   auto checkpoints = [&](int64_t tokens) {
 #pragma unroll
     for (int m = 0; m < WS; ++m) {
-      if (k_major) write_checkpoints<kTiles, true>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
-      else write_checkpoints(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
+      if (k_major) write_checkpoints<kOrder, true>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
+      else write_checkpoints<kOrder>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
     }
   };
   if constexpr (kServing) checkpoints(0);
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
       ptx::mbarrier_wait_parity(&full[s], parity);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-      chunk_step<KS, WS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+      chunk_step<kOrder, KS, WS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
       next_stage<kStages>(s, parity);
@@ -186,13 +192,13 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
                                : a_run ? p.split.a_t + (segment - 1) * state_elems
                                        : p.split.b_t + (segment - 1) * state_elems;
 #pragma unroll
-    for (int m = 0; m < WS; ++m) store_state(acc[m], final_state, true, state_row0 + 16 * m, col0, lane);
+    for (int m = 0; m < WS; ++m) store_state<kOrder>(acc[m], final_state, true, state_row0 + 16 * m, col0, lane);
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     const int64_t final_row0 = (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
 #pragma unroll
     for (int m = 0; m < WS; ++m) {
-      if (k_major) store_state<kTiles, true>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
-      else store_state(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
+      if (k_major) store_state<kOrder, true>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
+      else store_state<kOrder>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
     }
   }
 }

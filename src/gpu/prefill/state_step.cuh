@@ -25,9 +25,30 @@ constexpr int kNTiles = kHeadDim / 8;  // 16 n-tiles of 8 key channels
 constexpr uint32_t kVRowBytes = kChunk * kVRowStride * 2;  // a chunk's v rows of one head in a stage
 static_assert(kVRowBytes % 128 == 0, "stages stay aligned");
 
-// Calls fn(nt, r, idx) for each pair of this lane's C fragments of state rows [row0, row0 + 16),
-// columns [col0, col0 + 8 kTiles): acc[nt][2r], acc[nt][2r + 1] are elements idx, idx + 1 of
-// the [.., 128] row-major state.
+// The register order of a state slice. Per n-tile of 8 key channels a lane holds four elements,
+// (row g, col 2t), (row g, col 2t + 1), (row g + 8, col 2t), (row g + 8, col 2t + 1) as
+//   kC: elements 0, 1, 2, 3, the mma C fragment: the update accumulates into the registers in
+//       place (FMUL by the decay, then HMMA), but the products that read S^T need them as A
+//       fragments (elements 0, 2, 1, 3), and ptxas copies ~60 registers a chunk step for that
+//       (76 IMAD.MOV in the 8x1 step loop at 45a6acf);
+//   kA: elements 0, 2, 1, 3, the A fragment of mma.cuh (k-slot t = col 2t, slot t + 4 = col
+//       2t + 1): the products read the registers as they stand and the update forms U^T Kr
+//       apart, then one FFMA an element (about 12% fewer instructions a step, no copies).
+// Which order is faster depends on the layout (H200, docs/perf-notes.md): kA with the 4x1
+// layout and the persistent pass (P4 -5%, P10 -7%, P3 -1.5%), kC with the 8x1 and split layouts
+// (P1 +2.4%, P7 +0.5% in kA; ncu at P1: 11% fewer instructions, but 5.4 cycles between a warp's
+// instructions against 4.4, with new stalls on the shared-memory queue: the 8x1 block's
+// shared-memory pipe is its limit, and the copies spaced its loads out).
+enum class StateOrder { kC, kA };
+// The elements (row g + 8r, col 2t) and (row g + 8r, col 2t + 1) of an n-tile, r = 0, 1.
+template <StateOrder O>
+__host__ __device__ constexpr int pair_first(int r) { return O == StateOrder::kA ? r : 2 * r; }
+template <StateOrder O>
+__host__ __device__ constexpr int pair_second(int r) { return O == StateOrder::kA ? r + 2 : 2 * r + 1; }
+
+// Calls fn(nt, r, idx) for each pair of this lane's elements of state rows [row0, row0 + 16),
+// columns [col0, col0 + 8 kTiles): acc[nt][pair_first<O>(r)], acc[nt][pair_second<O>(r)] are
+// elements idx, idx + 1 of the [.., 128] row-major state.
 template <int kTiles, typename Fn>
 __device__ __forceinline__ void for_each_state_pair(int64_t row0, int col0, int lane, Fn&& fn) {
   const int g = lane >> 2, t4 = lane & 3;
@@ -50,9 +71,9 @@ __device__ __forceinline__ void for_each_state_pair_k_major(int64_t row0, int co
     for (int r = 0; r < 2; ++r) fn(nt, r, head + int64_t{col0 + nt * 8 + 2 * t4} * kHeadDim + v0 + g + 8 * r);
 }
 
-// Loads this lane's part of the state slice as C fragments (zeros without an initial state).
+// Loads this lane's part of the state slice (zeros without an initial state).
 // kKMajor: the state is stored K-major (two scalar loads a pair; once a sequence).
-template <int kTiles, bool kKMajor = false>
+template <StateOrder O, bool kKMajor = false, int kTiles>
 __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* state, bool f32, int64_t row0,
                                            int col0, int lane) {
   if constexpr (kKMajor) {
@@ -67,8 +88,8 @@ __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* 
           y = bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(state) + idx + kHeadDim));
         }
       }
-      acc[nt][2 * r] = x;
-      acc[nt][2 * r + 1] = y;
+      acc[nt][pair_first<O>(r)] = x;
+      acc[nt][pair_second<O>(r)] = y;
     });
     return;
   }
@@ -78,39 +99,46 @@ __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* 
       if (f32) x = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(state) + idx));
       else x = ptx::unpack_bf16x2(__ldg(reinterpret_cast<const unsigned*>(static_cast<const uint16_t*>(state) + idx)));
     }
-    acc[nt][2 * r] = x.x;
-    acc[nt][2 * r + 1] = x.y;
+    acc[nt][pair_first<O>(r)] = x.x;
+    acc[nt][pair_second<O>(r)] = x.y;
   });
 }
 
-template <int kTiles, bool kKMajor = false>
+// kPairStores: fp32 pairs as 8-byte stores. The stores inside the chunk loop (the checkpoints)
+// take two 4-byte ones: an 8-byte store wants the pair in adjacent registers, against the A
+// fragments the products read, and ptxas then copied ~130-170 registers a step in the serving
+// kernels' step loops (SASS, 8x1, either order).
+template <StateOrder O, bool kKMajor = false, bool kPairStores = true, int kTiles>
 __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
                                             int col0, int lane) {
   if constexpr (kKMajor) {
     for_each_state_pair_k_major<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+      const float x = acc[nt][pair_first<O>(r)], y = acc[nt][pair_second<O>(r)];
       if (f32) {
-        static_cast<float*>(state)[idx] = acc[nt][2 * r];
-        static_cast<float*>(state)[idx + kHeadDim] = acc[nt][2 * r + 1];
+        static_cast<float*>(state)[idx] = x;
+        static_cast<float*>(state)[idx + kHeadDim] = y;
       } else {
-        static_cast<uint16_t*>(state)[idx] = float_to_bf16(acc[nt][2 * r]);
-        static_cast<uint16_t*>(state)[idx + kHeadDim] = float_to_bf16(acc[nt][2 * r + 1]);
+        static_cast<uint16_t*>(state)[idx] = float_to_bf16(x);
+        static_cast<uint16_t*>(state)[idx + kHeadDim] = float_to_bf16(y);
       }
     });
     return;
   }
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
-    if (f32) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-    else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+    const float x = acc[nt][pair_first<O>(r)], y = acc[nt][pair_second<O>(r)];
+    if (f32 && kPairStores) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(x, y);
+    else if (f32) static_cast<float*>(state)[idx] = x, static_cast<float*>(state)[idx + 1] = y;
+    else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(x, y);
   });
 }
 
 // This lane's part of the state after `tokens` tokens of sequence n into every checkpoint entry
 // asking for it (fp32 [N, C, H, 128, 128], in the states' layout).
-template <int kTiles, bool kKMajor = false>
+template <StateOrder O, bool kKMajor = false, int kTiles>
 __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, const float (&acc)[kTiles][4], int64_t n,
                                                   int h, int num_heads, int64_t tokens, int vbase, int col0, int lane) {
   t.at(n, tokens, [&](int64_t entry) {
-    store_state<kTiles, kKMajor>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
+    store_state<O, kKMajor, false>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
   });
 }
 
@@ -174,8 +202,9 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
 // shared-memory load (8 bytes of fp32 or 4 of bf16, conflict-free in the record's fragment
 // order). With kM = 2 each record fragment loaded feeds two products (one per slice): half the
 // shared-memory reads a value column, for twice the state registers.
-// OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs).
-template <int KS, int kM, typename OutT>
+// OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs). O: the order the
+// state's registers are kept in (StateOrder).
+template <StateOrder O, int KS, int kM, typename OutT>
 __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
                                            int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
@@ -196,7 +225,14 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
   for (int nl = 0; nl < kTiles; ++nl) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) ptx::tf32_a_from_c(acc[m][nl], a[m]);
+    for (int m = 0; m < kM; ++m) {
+      if constexpr (O == StateOrder::kA) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[m][i] = __float_as_uint(acc[m][nl][i]);
+      } else {
+        ptx::tf32_a_from_c(acc[m][nl], a[m]);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec + o.wk + 4096 * nt + 256 * nl);
@@ -289,22 +325,41 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
       ptx::tf32_a_from_c(u, ua[m][nt]);
     }
 
-  // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels.
+  // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels. kC: the decay in place, then
+  // the products accumulate into the state's registers; kA: U^T Kr into a C fragment of its own,
+  // then one FFMA an element (the state's elements 1 and 2 are C's 2 and 1).
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
     const float2 d = load_pair(rec + o.decay + 32 * nl);
+    if constexpr (O == StateOrder::kC) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      acc[m][nl][0] *= d.x;
-      acc[m][nl][1] *= d.y;
-      acc[m][nl][2] *= d.x;
-      acc[m][nl][3] *= d.y;
-    }
+      for (int m = 0; m < kM; ++m) {
+        acc[m][nl][0] *= d.x;
+        acc[m][nl][1] *= d.y;
+        acc[m][nl][2] *= d.x;
+        acc[m][nl][3] *= d.y;
+      }
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-      const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
+      for (int kt = 0; kt < 2; ++kt) {
+        const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
 #pragma unroll
-      for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(acc[m][nl], ua[m][kt], b.x, b.y);
+        for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(acc[m][nl], ua[m][kt], b.x, b.y);
+      }
+    } else {
+      float upd[kM][4] = {};
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(upd[m], ua[m][kt], b.x, b.y);
+      }
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        acc[m][nl][0] = fmaf(acc[m][nl][0], d.x, upd[m][0]);  // row g,     col 2t
+        acc[m][nl][1] = fmaf(acc[m][nl][1], d.x, upd[m][2]);  // row g + 8, col 2t
+        acc[m][nl][2] = fmaf(acc[m][nl][2], d.y, upd[m][1]);  // row g,     col 2t + 1
+        acc[m][nl][3] = fmaf(acc[m][nl][3], d.y, upd[m][3]);  // row g + 8, col 2t + 1
+      }
     }
   }
 
@@ -349,11 +404,11 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
 }
 
 // The single-slice step on a [kTiles][4] state (every layout but the wide one).
-template <int KS, typename OutT>
+template <StateOrder O, int KS, typename OutT>
 __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
                                            int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
-  chunk_step<KS, 1>(reinterpret_cast<float(&)[1][kNTiles / KS][4]>(acc), rec, o, vbase, kpart, lane, exchange,
+  chunk_step<O, KS, 1>(reinterpret_cast<float(&)[1][kNTiles / KS][4]>(acc), rec, o, vbase, kpart, lane, exchange,
                     barrier_id, out_chunk, count, out_row_stride);
 }
 

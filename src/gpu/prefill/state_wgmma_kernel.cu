@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 
   const int vbase = 64 * (warp / 4) + 16 * (warp % 4);
   float acc[kNTiles][4];
-  load_state(acc, p.initial_state, p.initial_state_f32, (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0,
-             lane);
+  // C order: wgmma's accumulator holds C fragments.
+  load_state<StateOrder::kC>(acc, p.initial_state, p.initial_state_f32,
+                             (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
   float(&s_acc)[64] = reinterpret_cast<float(&)[64]>(acc);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
     next_stage<kStages>(s, parity);
   }
   if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0)
-    store_state(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
+    store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
 }
 
 }  // namespace
