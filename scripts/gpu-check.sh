@@ -2,7 +2,7 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma wide
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
@@ -16,9 +16,7 @@
 # At most 8 files land in $OUT (the device tool returns no more): build.log, gpu-tests.log (the
 # sanitizers too), python.log, summary.txt (the bench output too), bench.json, bench-repeat.json,
 # h200.md and h200.png. The wgmma step (not a default one) adds bench-default.json and
-# bench-wgmma.json: run it without bench and python to stay within the 8; the wide step
-# (FLASHKDA_STATE_CONFIG=8x1x2 against the default on WIDE_CASES, P3 and P9 then per item, not
-# persistent; 4x1x2 on WIDE4_CASES) adds bench-default.json, bench-wide.json, bench-wide4.json.
+# bench-wgmma.json: run it without bench and python to stay within the 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -118,15 +116,6 @@ for step in $steps; do
         [ "$mode" = wgmma ] && flag="FLASHKDA_STATE_WGMMA=1"
         run_step "flashkda bench ($mode state pass)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
           "$CLI_BIN" bench --case "${WGMMA_CASES:-P1,P3,P4,P9}" --json "$OUT/bench-$mode.json"
-      done
-      ;;
-    wide)  # the experimental wide state layouts (two slices a warp) against the default, one run each
-      for mode in default wide wide4; do
-        flag="" cases=${WIDE_CASES:-P1,P3,P4,P9,P10}
-        [ "$mode" = wide ] && flag="FLASHKDA_STATE_CONFIG=8x1x2"
-        [ "$mode" = wide4 ] && flag="FLASHKDA_STATE_CONFIG=4x1x2" cases=${WIDE4_CASES:-P1,P4,P10}
-        run_step "flashkda bench ($mode layout)" "$summary" "${BENCH_LIMIT:-400}" env $flag \
-          "$CLI_BIN" bench --case "$cases" --json "$OUT/bench-$mode.json"
       done
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case

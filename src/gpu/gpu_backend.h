@@ -40,7 +40,7 @@ struct PrefillPlan {
     kWgmma,       // experimental, FLASHKDA_STATE_WGMMA=1 only: per item on wgmma (state_wgmma_kernel.cu)
   };
   Pass pass = Pass::kPerItem;
-  int value_slices = 8, key_parts = 1, warp_slices = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
+  int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor

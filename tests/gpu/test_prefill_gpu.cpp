@@ -188,8 +188,7 @@ TEST_P(GpuPrefillLayout, MatchesOracle) {
   expect_matches_oracle(large);
 }
 
-// 8x1x2, 4x1x2: the experimental wide layouts (two slices a warp, 4 warps a head).
-INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4", "8x1x2", "4x1x2"));
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4"));
 
 // A suite that forces one launcher path of the chunked prefill on (its variable set to 1) for
 // each of its tests, on the chunked kernels even where a call is decode-shaped.
@@ -495,7 +494,6 @@ TEST_F(GpuPrefill, ExactAliasesGiveTheSeparateResult) {
   };
   const Form forms[] = {{"FLASHKDA_STATE_CONFIG", "8x1", {300, 17, 64}},
                         {"FLASHKDA_STATE_CONFIG", "1x4", {300, 17, 64}},
-                        {"FLASHKDA_STATE_CONFIG", "8x1x2", {300, 17, 64}},
                         {"FLASHKDA_PERSISTENT", "1", {300, 17, 64}},
                         {"FLASHKDA_SPLIT", "1", {1000}},
                         {"FLASHKDA_CUDA_KERNELS", "recurrent", {300, 17, 64}},
@@ -610,8 +608,7 @@ TEST_F(GpuPrefill, SoftplusGateEveryStatePass) {
   };
   const std::vector<std::vector<Env>> forms = {
       {{"FLASHKDA_STATE_CONFIG", "8x1"}}, {{"FLASHKDA_STATE_CONFIG", "4x1"}}, {{"FLASHKDA_STATE_CONFIG", "2x2"}},
-      {{"FLASHKDA_STATE_CONFIG", "1x4"}}, {{"FLASHKDA_STATE_CONFIG", "8x1x2"}}, {{"FLASHKDA_SPLIT", "1"}},
-      {{"FLASHKDA_PERSISTENT", "1"}}};
+      {{"FLASHKDA_STATE_CONFIG", "1x4"}}, {{"FLASHKDA_SPLIT", "1"}},          {{"FLASHKDA_PERSISTENT", "1"}}};
   for (const std::vector<Env>& form : forms) {
     for (const Env& e : form) setenv(e.variable, e.value, 1);
     setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);

@@ -52,14 +52,12 @@ StateConfig choose_state_config(int64_t seq_heads, int sms) {
   return {1, 4};
 }
 
-// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4), or 8x1x2 / 4x1x2 (two slices a warp, experimental)
-// overrides the choice: tests run every layout.
+// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) overrides the choice: tests run every layout.
 StateConfig state_config(int64_t seq_heads, int sms) {
   if (const char* forced = std::getenv("FLASHKDA_STATE_CONFIG")) {
-    StateConfig c{0, 0, 1};
-    const int fields = std::sscanf(forced, "%dx%dx%d", &c.value_slices, &c.key_parts, &c.warp_slices);
-    if (fields == 2 || fields == 3) return c;
-    fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, or 8x1x2, got '", forced, "'");
+    StateConfig c{0, 0};
+    if (std::sscanf(forced, "%dx%d", &c.value_slices, &c.key_parts) == 2) return c;
+    fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, got '", forced, "'");
   }
   return choose_state_config(seq_heads, sms);
 }
@@ -140,7 +138,7 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
   if (p.state_layout != StateLayout::kVK) return false;  // it stages V-major rows of the initial state
   if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
-  return c.value_slices == 8 && c.key_parts == 1 && c.warp_slices == 1 && p.N * p.H >= 2 * sms;
+  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
 // The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
@@ -175,8 +173,6 @@ PrefillPlan plan_prefill(const Problem& p) {
   PrefillPlan plan;
   plan.multiprocessors = multiprocessor_count();
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
-  // The wide layouts (forced only) run plain calls; checkpoints and K-major states keep one slice a warp.
-  if (c.warp_slices == 2 && (p.checkpoint_offsets || p.state_layout != StateLayout::kVK)) c.warp_slices = 1;
   if (use_wgmma(p)) {
     plan.pass = PrefillPlan::Pass::kWgmma;
     plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * WgmmaRecord::kBytes;
@@ -193,7 +189,6 @@ PrefillPlan plan_prefill(const Problem& p) {
   }
   plan.value_slices = c.value_slices;
   plan.key_parts = c.key_parts;
-  plan.warp_slices = c.warp_slices;
   if (const char* forced = std::getenv("FLASHKDA_PREP_BLOCKS_PER_SM")) {
     if (std::sscanf(forced, "%d", &plan.prep_blocks_per_sm) != 1 || plan.prep_blocks_per_sm < 1 ||
         plan.prep_blocks_per_sm > 6)
@@ -256,7 +251,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     launch_state_persistent(state, plan.multiprocessors, stream);
     return;
   }
-  const StateConfig config{plan.value_slices, plan.key_parts, plan.warp_slices};
+  const StateConfig config{plan.value_slices, plan.key_parts};
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

@@ -103,13 +103,10 @@ struct StitchParams {
 };
 
 // How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
-// head, each slice split over `key_parts` warps by key channels, `warp_slices` slices a warp.
-// Supported: 8x1, 4x1, 2x2, 1x4 (one slice a warp), 8x1x2 and 4x1x2 (experimental: 4 warps a
-// head, in one block or two).
+// head, each slice split over `key_parts` warps by key channels. Supported: 8x1, 4x1, 2x2, 1x4.
 struct StateConfig {
   int value_slices;
   int key_parts;
-  int warp_slices = 1;
 };
 
 // Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see

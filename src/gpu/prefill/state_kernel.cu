@@ -38,9 +38,7 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.
 // BLOCKS: the blocks a multiprocessor the layout is meant to run; the stages are as many as
-// shared memory then holds (stages_fitting). WS: slices a warp (1, or 2 for the wide layouts
-// 8x1x2 and 4x1x2: 4 warps a head, each record fragment loaded feeds two slices' products;
-// experimental, FLASHKDA_STATE_CONFIG=8x1x2 or 4x1x2, plain calls only).
+// shared memory then holds (stages_fitting).
 //
 // kSplit: the segment-parallel form (StateSplit in kernels.h). Each sequence's chunks are cut
 // into S segments and blockIdx.y picks the run: 0 runs segment 0 from the initial state (out as
@@ -66,12 +64,11 @@ static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLay
                   kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int WS, int BLOCKS, bool kSplit, bool kServing = false>
-__global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
+__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
-  static_assert(VW % WS == 0 && (WS == 1 || KS == 1), "whole slices a warp; wide warps hold every key channel");
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
-  constexpr int kWarps = VW / WS * KS;
+  constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
   // The state's register order (state_step.cuh). The C order where it measured faster: the 8x1
   // layout (P1 1.188 ms against 1.216) and the split pass (P7 1.128 against 1.137); the A order
@@ -86,7 +83,7 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
   const int64_t head_block = blockIdx.x / kGroups;
   const int h = static_cast<int>(head_block % H);
   const int64_t n = head_block / H;
-  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice * WS) * 16;  // first of WS slices
+  const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
 
   const int64_t start = p.slots.start(n);
   if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
@@ -138,22 +135,16 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
   const int64_t initial_row0 = (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
   const int col0 = kpart * kTiles * 8;
-  float acc[WS][kTiles][4];  // slice m: value columns vbase + 16 m ..
+  float acc[kTiles][4];
   const bool k_major = kServing && p.k_major;
-#pragma unroll
-  for (int m = 0; m < WS; ++m) {
-    if (k_major) load_state<kOrder, true>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
-    else if (!kSplit || run == 0) load_state<kOrder>(acc[m], p.initial_state, p.initial_state_f32, initial_row0 + 16 * m, col0, lane);
-    else if (!a_run) load_state<kOrder>(acc[m], nullptr, false, state_row0, col0, lane);  // zeros
-    else load_identity<kOrder>(acc[m], vbase + 16 * m, col0, lane);
-  }
+  if (k_major) load_state<kOrder, true>(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
+  else if (!kSplit || run == 0) load_state<kOrder>(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
+  else if (!a_run) load_state<kOrder>(acc, nullptr, false, state_row0, col0, lane);  // zeros
+  else load_identity<kOrder>(acc, vbase, col0, lane);
 
   auto checkpoints = [&](int64_t tokens) {
-#pragma unroll
-    for (int m = 0; m < WS; ++m) {
-      if (k_major) write_checkpoints<kOrder, true>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
-      else write_checkpoints<kOrder>(p.checkpoints, acc[m], n, h, H, tokens, vbase + 16 * m, col0, lane);
-    }
+    if (k_major) write_checkpoints<kOrder, true>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
+    else write_checkpoints<kOrder>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
   };
   if constexpr (kServing) checkpoints(0);
   LaneOffsets offsets;
@@ -167,7 +158,7 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
       ptx::mbarrier_wait_parity(&full[s], parity);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-      chunk_step<kOrder, KS, WS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+      chunk_step<kOrder, KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
       next_stage<kStages>(s, parity);
@@ -191,26 +182,18 @@ __global__ void __launch_bounds__((VW / WS * KS + 1) * 32, 1) state_kernel(const
     float* const final_state = run == 0  ? p.split.boundary
                                : a_run ? p.split.a_t + (segment - 1) * state_elems
                                        : p.split.b_t + (segment - 1) * state_elems;
-#pragma unroll
-    for (int m = 0; m < WS; ++m) store_state<kOrder>(acc[m], final_state, true, state_row0 + 16 * m, col0, lane);
+    store_state<kOrder>(acc, final_state, true, state_row0, col0, lane);
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     const int64_t final_row0 = (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
-#pragma unroll
-    for (int m = 0; m < WS; ++m) {
-      if (k_major) store_state<kOrder, true>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
-      else store_state<kOrder>(acc[m], p.final_state, p.final_state_f32, final_row0 + 16 * m, col0, lane);
-    }
+    if (k_major) store_state<kOrder, true>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
+    else store_state<kOrder>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
   }
 }
 
-template <int VW, int KS, int WS, int BLOCKS, bool kSplit, bool kServing = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing) {
-    if (p.checkpoints.count > 0 || p.k_major) {
-      // The wide layout's serving form would spill (255 registers): the plan never asks for it.
-      if constexpr (WS > 1) fail(ErrorCode::kInternal, "state kernel: the wide layouts take neither checkpoints nor K-major states");
-      else return launch_state_config<VW, KS, WS, BLOCKS, false, true>(p, stream);
-    }
+    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
   }
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
@@ -218,20 +201,20 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, WS, BLOCKS, kSplit, kServing>,
+    return cudaFuncSetAttribute(state_kernel<VW, KS, BLOCKS, kSplit, kServing>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, WS, BLOCKS, kSplit, kServing><<<grid, (VW / WS * KS + 1) * 32, kSmem, stream>>>(p);
+  state_kernel<VW, KS, BLOCKS, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
 
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream) {
-  // Template arguments: the layout (VW x KS), the slices a warp (WS), and the blocks a
-  // multiprocessor it is meant to run (8x1 and 1x4: one; 4x1, 2x2 and the compact split: two); the stages (kStageBytes, 26.5 KB) are as many
-  // as shared memory then holds, at most 6 (the static_assert above).
+  // Template arguments: the layout (VW x KS) and the blocks a multiprocessor it is meant to run
+  // (8x1 and 1x4: one; 4x1, 2x2 and the compact split: two); the stages (kStageBytes, 26.75 KB)
+  // are as many as shared memory then holds, at most 6 (the static_assert above).
   if (p.split.segments > 0) {  // the segment-parallel form runs the few-heads layouts
     if (p.k_major || p.checkpoints.count > 0)
       fail(ErrorCode::kInternal, "state kernel: the split pass takes neither K-major states nor checkpoints");
@@ -239,24 +222,17 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
     if (!two_by_two && (config.value_slices != 1 || config.key_parts != 4))
       fail(ErrorCode::kInternal, "state kernel: the split pass runs the 1x4 and 2x2 layouts only");
     if (two_by_two) {
-      if (p.split.compact) launch_state_config<2, 2, 1, 2, true>(p, stream);
-      else launch_state_config<2, 2, 1, 1, true>(p, stream);
+      if (p.split.compact) launch_state_config<2, 2, 2, true>(p, stream);
+      else launch_state_config<2, 2, 1, true>(p, stream);
     } else if (p.split.compact) {
-      launch_state_config<1, 4, 1, 2, true>(p, stream);
+      launch_state_config<1, 4, 2, true>(p, stream);
     } else {
-      launch_state_config<1, 4, 1, 1, true>(p, stream);
+      launch_state_config<1, 4, 1, true>(p, stream);
     }
-  } else if (config.warp_slices == 2) {
-    if (config.key_parts != 1 || (config.value_slices != 8 && config.value_slices != 4))
-      fail(ErrorCode::kInternal, "state kernel: two slices a warp only in the 8x1 and 4x1 layouts (8x1x2, 4x1x2)");
-    if (config.value_slices == 8) launch_state_config<8, 1, 2, 1, false>(p, stream);
-    else launch_state_config<4, 1, 2, 2, false>(p, stream);
-  } else if (config.warp_slices != 1) {
-    fail(ErrorCode::kInternal, "state kernel: one or two slices a warp, got ", config.warp_slices);
-  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, 1, false>(p, stream);
-  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 1, 2, false>(p, stream);
-  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 1, 2, false>(p, stream);
-  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 1, 1, false>(p, stream);
+  } else if (config.value_slices == 8 && config.key_parts == 1) launch_state_config<8, 1, 1, false>(p, stream);
+  else if (config.value_slices == 4 && config.key_parts == 1) launch_state_config<4, 1, 2, false>(p, stream);
+  else if (config.value_slices == 2 && config.key_parts == 2) launch_state_config<2, 2, 2, false>(p, stream);
+  else if (config.value_slices == 1 && config.key_parts == 4) launch_state_config<1, 4, 1, false>(p, stream);
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);

@@ -195,76 +195,64 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
   return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
 }
 
-// One chunk step of one warp: kM slices of 16 value columns from vbase on ([vbase, vbase +
-// 16 kM)), key n-tiles [kpart * kTiles, (kpart + 1) * kTiles) of the state slice (kTiles = 16 /
-// KS). All products are m16n8k8 tf32 with k-slot t = element 2t and slot t + 4 = element 2t + 1
-// (see mma.cuh): every C fragment is an A fragment as it stands, and every B fragment one
-// shared-memory load (8 bytes of fp32 or 4 of bf16, conflict-free in the record's fragment
-// order). With kM = 2 each record fragment loaded feeds two products (one per slice): half the
-// shared-memory reads a value column, for twice the state registers.
+// One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles [kpart * kTiles,
+// (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are m16n8k8 tf32 with
+// k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C fragment is an A
+// fragment with elements 1 and 2 swapped, and every B fragment one shared-memory load (8 bytes
+// of fp32 or 4 of bf16, conflict-free in the record's fragment order).
 // OutT: uint16_t (bf16 out) or float (the split pass's fp32 partial outputs). O: the order the
 // state's registers are kept in (StateOrder).
-template <StateOrder O, int KS, int kM, typename OutT>
-__device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
+template <StateOrder O, int KS, typename OutT>
+__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
                                            int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
-  static_assert(kM == 1 || KS == 1, "wide warps hold whole key ranges");
   constexpr int kTiles = kNTiles / KS;
   const int g = lane >> 2, t4 = lane & 3;
 
   // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
-  // n-tile (8 channels) of S^T. Two accumulators per product, n-tile and slice with one slice
-  // (four independent mma chains per product, enough beside the other warps of the scheduler;
-  // four accumulators measured 8% slower on P1: more registers and adds for no more overlap),
-  // one with two slices (their chains are independent already).
-  constexpr int kChains = kM == 1 ? 2 : 1;
+  // n-tile (8 channels) of S^T. Two accumulators per product and n-tile (four independent mma
+  // chains per product, enough beside the other warps of the scheduler; four accumulators
+  // measured 8% slower on P1: more registers and adds for no more overlap).
+  constexpr int kChains = 2;
   static_assert(kTiles % kChains == 0, "whole chains");
-  float X[kM][2][kChains][4] = {};
-  float Pc[kM][2][kChains][4] = {};
+  float X[2][kChains][4] = {};
+  float Pc[2][kChains][4] = {};
 #pragma unroll
   for (int nl = 0; nl < kTiles; ++nl) {
-    uint32_t a[kM][4];
+    uint32_t a[4];
+    if constexpr (O == StateOrder::kA) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      if constexpr (O == StateOrder::kA) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[m][i] = __float_as_uint(acc[m][nl][i]);
-      } else {
-        ptx::tf32_a_from_c(acc[m][nl], a[m]);
-      }
+      for (int i = 0; i < 4; ++i) a[i] = __float_as_uint(acc[nl][i]);
+    } else {
+      ptx::tf32_a_from_c(acc[nl], a);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec + o.wk + 4096 * nt + 256 * nl);
       const float2 e = load_bf16_pair(rec + o.qe + 2048 * nt + 128 * nl);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        ptx::mma_tf32_1688(X[m][nt][nl % kChains], a[m], w.x, w.y);
-        ptx::mma_tf32_1688(Pc[m][nt][nl % kChains], a[m], e.x, e.y);
-      }
+      ptx::mma_tf32_1688(X[nt][nl % kChains], a, w.x, w.y);
+      ptx::mma_tf32_1688(Pc[nt][nl % kChains], a, e.x, e.y);
     }
   }
-  float Xs[kM][2][4], P[kM][2][4];
+  float Xs[2][4], P[2][4];
 #pragma unroll
-  for (int m = 0; m < kM; ++m)
+  for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int i = 0; i < 4; ++i) {
+      Xs[nt][i] = X[nt][0][i];
+      P[nt][i] = Pc[nt][0][i];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        Xs[m][nt][i] = X[m][nt][0][i];
-        P[m][nt][i] = Pc[m][nt][0][i];
-#pragma unroll
-        for (int ch = 1; ch < kChains; ++ch) {
-          Xs[m][nt][i] += X[m][nt][ch][i];
-          P[m][nt][i] += Pc[m][nt][ch][i];
-        }
+      for (int ch = 1; ch < kChains; ++ch) {
+        Xs[nt][i] += X[nt][ch][i];
+        P[nt][i] += Pc[nt][ch][i];
       }
+    }
 
   if constexpr (KS > 1) {  // sum the partial products of the slice's KS warps (own one included)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      exchange->part[kpart][nt][lane] = make_float4(Xs[0][nt][0], Xs[0][nt][1], Xs[0][nt][2], Xs[0][nt][3]);
-      exchange->part[kpart][2 + nt][lane] = make_float4(P[0][nt][0], P[0][nt][1], P[0][nt][2], P[0][nt][3]);
+      exchange->part[kpart][nt][lane] = make_float4(Xs[nt][0], Xs[nt][1], Xs[nt][2], Xs[nt][3]);
+      exchange->part[kpart][2 + nt][lane] = make_float4(P[nt][0], P[nt][1], P[nt][2], P[nt][3]);
     }
     slice_barrier(barrier_id, KS * 32);
     const int parts = kpart == 0 ? 4 : 2;  // only part 0 stores the output and needs all of P
@@ -277,7 +265,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
         const float4 x = exchange->part[other][v4][lane];
         sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
       }
-      float(&dst)[4] = v4 < 2 ? Xs[0][v4] : P[0][v4 - 2];
+      float(&dst)[4] = v4 < 2 ? Xs[v4] : P[v4 - 2];
       dst[0] = sum.x, dst[1] = sum.y, dst[2] = sum.z, dst[3] = sum.w;
     }
   }
@@ -286,44 +274,37 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
   // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
   // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T -
   // X^T, rounded to tf32 as the A fragments (k = tokens) of the state update.
-  float wv[kM][2][4] = {};
+  float wv[2][4] = {};
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][kVRowStride]
 #pragma unroll
   for (int kt = 0; kt < 2; ++kt) {
     const int tok = kt * 8 + 2 * t4;
-    uint32_t a[kM][4];
+    uint32_t a[4];
 #pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool live = tok + e < count;
-        const int v = vbase + 16 * m + g;
-        const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
-        const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
-        a[m][2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
-        a[m][2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
-      }
+    for (int e = 0; e < 2; ++e) {
+      const bool live = tok + e < count;
+      const int v = vbase + g;
+      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
+      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
+      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
+      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
       const float hi_x = ptx::tf32_high_part(w.x), hi_y = ptx::tf32_high_part(w.y);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        ptx::mma_tf32_1688(wv[m][nt], a[m], hi_x, hi_y);
-        ptx::mma_tf32_1688(wv[m][nt], a[m], w.x - hi_x, w.y - hi_y);
-      }
+      ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
+      ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
     }
   }
-  uint32_t ua[kM][2][4];
+  uint32_t ua[2][4];
 #pragma unroll
-  for (int m = 0; m < kM; ++m)
+  for (int nt = 0; nt < 2; ++nt) {
+    float u[4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      float u[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) u[i] = ptx::tf32_operand(wv[m][nt][i] - Xs[m][nt][i]);
-      ptx::tf32_a_from_c(u, ua[m][nt]);
-    }
+    for (int i = 0; i < 4; ++i) u[i] = ptx::tf32_operand(wv[nt][i] - Xs[nt][i]);
+    ptx::tf32_a_from_c(u, ua[nt]);
+  }
 
   // S^T = S^T Diag(exp(G_C)) + U^T Kr on this warp's key channels. kC: the decay in place, then
   // the products accumulate into the state's registers; kA: U^T Kr into a C fragment of its own,
@@ -332,34 +313,26 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
   for (int nl = 0; nl < kTiles; ++nl) {
     const float2 d = load_pair(rec + o.decay + 32 * nl);
     if constexpr (O == StateOrder::kC) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        acc[m][nl][0] *= d.x;
-        acc[m][nl][1] *= d.y;
-        acc[m][nl][2] *= d.x;
-        acc[m][nl][3] *= d.y;
-      }
+      acc[nl][0] *= d.x;
+      acc[nl][1] *= d.y;
+      acc[nl][2] *= d.x;
+      acc[nl][3] *= d.y;
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
         const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(acc[m][nl], ua[m][kt], b.x, b.y);
+        ptx::mma_tf32_1688(acc[nl], ua[kt], b.x, b.y);
       }
     } else {
-      float upd[kM][4] = {};
+      float upd[4] = {};
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
         const float2 b = load_pair(rec + o.kr + 512 * nl + 256 * kt);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(upd[m], ua[m][kt], b.x, b.y);
+        ptx::mma_tf32_1688(upd, ua[kt], b.x, b.y);
       }
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        acc[m][nl][0] = fmaf(acc[m][nl][0], d.x, upd[m][0]);  // row g,     col 2t
-        acc[m][nl][1] = fmaf(acc[m][nl][1], d.x, upd[m][2]);  // row g + 8, col 2t
-        acc[m][nl][2] = fmaf(acc[m][nl][2], d.y, upd[m][1]);  // row g,     col 2t + 1
-        acc[m][nl][3] = fmaf(acc[m][nl][3], d.y, upd[m][3]);  // row g + 8, col 2t + 1
-      }
+      acc[nl][0] = fmaf(acc[nl][0], d.x, upd[0]);  // row g,     col 2t
+      acc[nl][1] = fmaf(acc[nl][1], d.x, upd[2]);  // row g + 8, col 2t
+      acc[nl][2] = fmaf(acc[nl][2], d.y, upd[1]);  // row g,     col 2t + 1
+      acc[nl][3] = fmaf(acc[nl][3], d.y, upd[3]);  // row g + 8, col 2t + 1
     }
   }
 
@@ -368,48 +341,33 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kM][kNTiles / KS][4], co
   // transposed in registers to (token, v pair) and stored.
 #pragma unroll
   for (int kt = 0; kt < 2; ++kt) {
-    uint32_t a[kM][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) ptx::tf32_a_from_c(wv[m][kt], a[m]);
+    uint32_t a[4];
+    ptx::tf32_a_from_c(wv[kt], a);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const float2 mm = load_pair(rec + ChunkRecord::kM + o.m[kt] + 512 * nt);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) ptx::mma_tf32_1688(P[m][nt], a[m], mm.x, mm.y);
+      ptx::mma_tf32_1688(P[nt], a, mm.x, mm.y);
     }
   }
+  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    const int v0 = vbase + 16 * m;
-    if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int i = 0; i < 4; ++i) {
+        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
+        if (token < count) out_chunk[token * out_row_stride + v] = P[nt][i];
+      }
+  } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int token = nt * 8 + 2 * t4 + (i & 1), v = v0 + g + 8 * (i >> 1);
-          if (token < count) out_chunk[token * out_row_stride + v] = P[m][nt][i];
-        }
-    } else {
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[m][nt][2 * r], P[m][nt][2 * r + 1]));
-          const int token = nt * 8 + g;
-          if (token < count)
-            *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + v0 + 8 * r + 2 * t4) = ov;
-        }
-    }
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
+        const int token = nt * 8 + g;
+        if (token < count)
+          *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
+      }
   }
-}
-
-// The single-slice step on a [kTiles][4] state (every layout but the wide one).
-template <StateOrder O, int KS, typename OutT>
-__device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const uint8_t* rec, const LaneOffsets& o,
-                                           int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
-                                           int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
-  chunk_step<O, KS, 1>(reinterpret_cast<float(&)[1][kNTiles / KS][4]>(acc), rec, o, vbase, kpart, lane, exchange,
-                    barrier_id, out_chunk, count, out_row_stride);
 }
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16, kVRowStride apart).
