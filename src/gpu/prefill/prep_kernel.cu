@@ -43,7 +43,8 @@ __device__ __forceinline__ int entry_col(int c) { return c % kChunk; }
 
 constexpr int kTileStride = kHeadDim + 8;  // fp32 [16][136] tiles: row r starts in bank 8r, so the
                                            // 8-byte fragment reads of rows g = 0..3 never collide
-constexpr int kSmallStride = kChunk + 8;   // fp32 [16][24] matrices (L, M, W), same reason
+constexpr int kSmallStride = kChunk + 4;   // fp32 [16][20] matrices (L, M, W): the A fragments of
+                                           // W and M (row g, column t) fall in 32 distinct banks
 
 // Shared memory. The loaded bf16 rows and the fp32 tiles live in one buffer, in turn (a
 // __syncthreads separates the last read of one from the first write of the other).
@@ -432,15 +433,18 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
   //   Wk = W K~ and Qe = Q~ - M Wk.
   {
+    // Here k-slot t is token t and slot t + 4 token t + 4 (mma.cuh's plain order): the B reads
+    // below then take token rows t and t + 4 of the [16][136] tile, 8 banks apart for t = 0..3;
+    // the permuted order (rows 2t, 2t + 1) put rows 0 and 4 in one bank, a 2-way conflict on
+    // every B read (~6M of the prep kernel's 86M shared-memory wavefronts at P1, ncu).
     uint32_t aw[2][4], am[2][4];
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
-      load_a<kSmallStride>(sm.W, kt * 8, g, t4, aw[kt]);
-      load_a<kSmallStride>(sm.M, kt * 8, g, t4, am[kt]);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        aw[kt][r] = __float_as_uint(ptx::tf32_operand(__uint_as_float(aw[kt][r])));
-        am[kt][r] = __float_as_uint(-ptx::tf32_operand(__uint_as_float(am[kt][r])));  // Qe accumulates -M Wk
+      for (int r = 0; r < 4; ++r) {  // a[r]: row g + 8 (r & 1), column 8 kt + t + 4 (r >> 1)
+        const int row = g + 8 * (r & 1), col = kt * 8 + t4 + 4 * (r >> 1);
+        aw[kt][r] = __float_as_uint(ptx::tf32_operand(sm.W[row][col]));
+        am[kt][r] = __float_as_uint(-ptx::tf32_operand(sm.M[row][col]));  // Qe accumulates -M Wk
       }
     }
 #pragma unroll
@@ -452,8 +456,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       qe[0] = q0.x, qe[1] = q0.y, qe[2] = q1.x, qe[3] = q1.y;
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
-        const int j = kt * 8 + 2 * t4;  // B rows (tokens) j and j + 1, column ch + g
-        ptx::mma_tf32_1688(wk, aw[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
+        const int j = kt * 8 + t4;  // B rows (tokens) j and j + 4, column ch + g
+        ptx::mma_tf32_1688(wk, aw[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 4][ch + g]);
       }
       __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
 #pragma unroll
@@ -470,8 +474,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
-        const int j = kt * 8 + 2 * t4;
-        ptx::mma_tf32_1688(qe, am[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 1][ch + g]);
+        const int j = kt * 8 + t4;
+        ptx::mma_tf32_1688(qe, am[kt], sm.tile[0][j][ch + g], sm.tile[0][j + 4][ch + g]);
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
