@@ -39,18 +39,26 @@ static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one 
 // against 1.118, P9 0.443 against 0.449).
 constexpr StateOrder kOrder = StateOrder::kA;
 
-// This lane's state registers of value columns [vbase, vbase + 16) from the staged state.
+// This lane's state registers of value columns [vbase, vbase + 16) from the staged state. The
+// lane's pairs lie at fixed steps from one base (rows g, g + 8, columns 2 t4 + 8 nt); a pair loop
+// over element indices (row = idx / 128) cost ~400 integer instructions an item (SASS). The f32
+// pairs as two 4-byte loads: 8-byte ones (register pairs) made ptxas copy ~150 registers in the
+// chunk loop (528 -> 692 instructions a step).
 __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], const uint8_t* staged, bool f32,
                                                   int vbase, int lane) {
-  const uint32_t row_bytes = staged_row_bytes(f32);
-  for_each_state_pair<kNTiles>(vbase, 0, lane, [&](int nt, int r, int64_t idx) {
-    const uint8_t* row = staged + static_cast<uint32_t>(idx / kHeadDim) * row_bytes;
-    const uint32_t col = static_cast<uint32_t>(idx % kHeadDim);
-    const float2 x = f32 ? *reinterpret_cast<const float2*>(row + 4 * col)
-                         : ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(row + 2 * col));
-    acc[nt][pair_first<kOrder>(r)] = x.x;
-    acc[nt][pair_second<kOrder>(r)] = x.y;
-  });
+  const uint32_t row_bytes = staged_row_bytes(f32), elem_bytes = f32 ? 4 : 2;
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint8_t* base = staged + static_cast<uint32_t>(vbase + g) * row_bytes + 2 * t4 * elem_bytes;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* pair = base + r * 8 * row_bytes + nt * 8 * elem_bytes;
+      const float2 x = f32 ? make_float2(reinterpret_cast<const float*>(pair)[0], reinterpret_cast<const float*>(pair)[1])
+                           : ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(pair));
+      acc[nt][pair_first<kOrder>(r)] = x.x;
+      acc[nt][pair_second<kOrder>(r)] = x.y;
+    }
 }
 
 // kCheckpoints: as in state_kernel.cu, a kernel of its own (checkpoint code beside the plain
@@ -66,10 +74,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
   uint8_t* staged = smem + kStages * kStageBytes;
-  // state_full / state_empty hand over one item at a time: its number (item_slot; -1 ends the
-  // loop) and, with an initial state, its staged copy.
+  // state_full / state_empty hand over one item at a time: its number, tokens and final-state
+  // slot (ItemInfo; item -1 ends the loop) and, with an initial state, its staged copy. The
+  // producer looks the sequence up (cu_seqlens, the slot table), kStages chunks ahead, so the
+  // consumers start an item without a device-memory load of their own.
+  struct ItemInfo {
+    int64_t item, bos, final_slot;
+    int len;
+  };
   __shared__ uint64_t full[kStages], empty[kStages], state_full, state_empty;
-  __shared__ volatile int64_t item_slot[1];
+  __shared__ volatile ItemInfo item_info[1];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
@@ -99,13 +113,20 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       }
       if (k >= items) {
         if (lane == 0) {
-          *item_slot = -1;  // no more items
+          item_info->item = -1;  // no more items
           ptx::mbarrier_arrive(&state_full);
         }
         return;
       }
       const int64_t j = item_of(k);
-      if (lane == 0) *item_slot = j;  // published by the arrive below (release)
+      int64_t bos = 0, eos = 0;
+      if (lane == 0) {  // published by the arrive below (release)
+        p.seqs.bounds(j / H, bos, eos);
+        item_info->item = j;
+        item_info->bos = bos;
+        item_info->len = static_cast<int>(eos - bos);  // < 2^31 tokens
+        item_info->final_slot = p.final_state ? p.slots.final_slot(j / H, p.slots.start(j / H)) : -1;
+      }
       if (p.initial_state) {
         const uint32_t row_bytes = f32_in ? 512 : 256;
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(&state_full, kHeadDim * row_bytes);
@@ -120,8 +141,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       int64_t next = 0;
       if (lane == 0) {
         const int h = static_cast<int>(j % H);
-        int64_t bos, eos;
-        p.seqs.bounds(j / H, bos, eos);
         const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
         const uint8_t* records =
             p.records + p.seqs.first_slot(j / H, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
@@ -147,15 +166,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 #pragma unroll 1
   for (uint32_t item = 0;; ++item) {
     ptx::mbarrier_wait_parity(&state_full, item & 1);
-    const int64_t j = *item_slot;
+    const int64_t j = item_info->item;
     if (j < 0) break;
+    const int64_t bos = item_info->bos, final_slot = item_info->final_slot;
+    const int len = item_info->len;
     if (p.initial_state) load_staged_state(acc, staged, f32_in, vbase, lane);
     else load_state<kOrder>(acc, nullptr, false, 0, 0, lane);  // zeros
     ptx::mbarrier_arrive(&state_empty);
     const int h = static_cast<int>(j % H);
-    int64_t bos, eos;
-    p.seqs.bounds(j / H, bos, eos);
-    const int len = static_cast<int>(eos - bos);  // < 2^31 tokens
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
     if constexpr (kCheckpoints) write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
     auto step = [&](int c) {
@@ -176,8 +194,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     } else {
       for (int c = 0; c < chunks; ++c) step(c);
     }
-    if (const int64_t f = p.slots.final_slot(j / H, p.slots.start(j / H)); p.final_state && f >= 0)
-      store_state<kOrder>(acc, p.final_state, p.final_state_f32, (f * H + h) * kHeadDim + vbase, 0, lane);
+    if (final_slot >= 0) {  // the dtype branch taken once, not predicated into every store
+      const int64_t row0 = (final_slot * H + h) * kHeadDim + vbase;
+      if (p.final_state_f32) store_state<kOrder>(acc, p.final_state, true, row0, 0, lane);
+      else store_state<kOrder>(acc, p.final_state, false, row0, 0, lane);
+    }
   }
 }
 
