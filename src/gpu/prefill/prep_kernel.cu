@@ -7,6 +7,7 @@
 #include "common/fail.h"
 #include "common/bf16.h"
 #include "gpu/prefill/chunk_record.cuh"
+#include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int h = blockIdx.x;
   const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
   // The persistent state pass that follows in the stream counts its items from zero.
-  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) *p.item_counter = 0;
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
   if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
   int64_t seq, t0;
   int count;

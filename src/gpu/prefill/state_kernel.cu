@@ -104,14 +104,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   // Tensor-map copies need 128-byte aligned destinations: align by hand (kSmem has the slack).
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);
   auto* exchange = reinterpret_cast<SliceExchange<KS>*>(smem + kStages * kStageBytes);
-  __shared__ uint64_t full[kStages], empty[kStages];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], kWarps * 32);  // every consumer thread releases the stage
-    }
-    ptx::fence_mbarrier_init();
-  }
+  __shared__ StageRing<kStages> ring;
+  if (threadIdx.x == 0) ring.init(kWarps * 32);  // every consumer thread releases a stage
   __syncthreads();
   auto chunk_count = [&](int c) {
     const int64_t left = eos - bos - int64_t{c} * kChunk;
@@ -119,15 +113,14 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   };
   if (warp == kWarps) {  // producer
     if (lane != 0) return;
-    int s = 0;
-    uint32_t parity = 0;
+    typename StageRing<kStages>::Cursor at;
     // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
     const bool zero_v = a_run;
     for (int c = c_begin; c < c_end; ++c) {
-      if (c - c_begin >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages ago
-      fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
+      ring.wait_empty(at);
+      fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
-      next_stage<kStages>(s, parity);
+      at.advance();
     }
     return;
   }
@@ -152,16 +145,15 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   auto run_chunks = [&](auto* out) {
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
-    int s = 0;
-    uint32_t parity = 0;
+    typename StageRing<kStages>::Cursor at;
     auto step = [&](int c) {
-      ptx::mbarrier_wait_parity(&full[s], parity);
+      ring.wait_full(at);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-      chunk_step<kOrder, KS>(acc, smem + s * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
+      chunk_step<kOrder, KS>(acc, smem + at.stage * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
                      1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
-      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      next_stage<kStages>(s, parity);
+      ring.release(at);  // this thread's reads of the stage are done
+      at.advance();
     };
     if constexpr (kServing) {
       for (int c = c_begin; c < c_end;) {

@@ -14,6 +14,7 @@
 
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
+#include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 
@@ -74,47 +75,45 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
   uint8_t* staged = smem + kStages * kStageBytes;
-  // state_full / state_empty hand over one item at a time: its number, tokens and final-state
-  // slot (ItemInfo; item -1 ends the loop) and, with an initial state, its staged copy. The
-  // producer looks the sequence up (cu_seqlens, the slot table), kStages chunks ahead, so the
+  // The handover passes one item at a time: its number, tokens and final-state slot (ItemInfo;
+  // item -1 ends the loop) and, with an initial state, its staged copy. The producer looks the sequence up (cu_seqlens, the slot table), kStages chunks ahead, so the
   // consumers start an item without a device-memory load of their own.
   struct ItemInfo {
     int64_t item, bos, final_slot;
     int len;
   };
-  __shared__ uint64_t full[kStages], empty[kStages], state_full, state_empty;
+  using Ring = StageRing<kStages>;
+  __shared__ Ring ring;
+  __shared__ StageRing<1> handover;  // one item at a time: ItemInfo and the staged state
   __shared__ volatile ItemInfo item_info[1];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], kWarps * 32);  // every consumer thread releases the stage
-    }
-    ptx::mbarrier_init(&state_full, 1);
-    ptx::mbarrier_init(&state_empty, kWarps * 32);
-    ptx::fence_mbarrier_init();
+  if (threadIdx.x == 0) {  // every consumer thread releases a stage and the handover
+    ring.init(kWarps * 32);
+    handover.init(kWarps * 32);
   }
   __syncthreads();
+  const ItemScheduler items_left{p.item_counter};
 
   if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
-    int s = 0;
-    uint32_t parity = 0, fills = 0;
+    typename Ring::Cursor at;
+    StageRing<1>::Cursor item_at;
     // Items are taken in order: k-th item = (sequence seq_order[k / H] or k / H, head k % H); it
     // is handed to the consumers as j = sequence H + head.
     auto item_of = [&](int64_t k) { return (p.seq_order ? p.seq_order[k / H] : k / H) * H + k % H; };
-    int64_t k = blockIdx.x;  // first item by block index, the rest from the shared counter
-    for (uint32_t item = 0;; ++item) {
+    int64_t k = items_left.initial_work();
+    for (;; item_at.advance()) {
       // The consumers read the previous item's number and state before its first chunk step.
-      if (item > 0) ptx::mbarrier_wait_parity(&state_empty, (item - 1) & 1);
+      handover.wait_empty(item_at);
+      uint64_t* const item_full = handover.full_barrier(item_at);
       // Padding sequences' items never reach the consumers: nothing is written for them.
       while (k < items && !p.slots.runs(p.slots.start(item_of(k) / H), p.initial_state != nullptr)) {
         int64_t next = 0;
-        if (lane == 0) next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
+        if (lane == 0) next = items_left.next_work();
         k = __shfl_sync(0xffffffffu, next, 0);
       }
       if (k >= items) {
         if (lane == 0) {
           item_info->item = -1;  // no more items
-          ptx::mbarrier_arrive(&state_full);
+          ptx::mbarrier_arrive(item_full);
         }
         return;
       }
@@ -129,14 +128,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       }
       if (p.initial_state) {
         const uint32_t row_bytes = f32_in ? 512 : 256;
-        if (lane == 0) ptx::mbarrier_arrive_expect_tx(&state_full, kHeadDim * row_bytes);
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(item_full, kHeadDim * row_bytes);
         __syncwarp();
         const int64_t slot_head = p.slots.start(j / H) * H + j % H;
         const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + slot_head * kHeadDim * int64_t{row_bytes};
         for (int row = lane; row < kHeadDim; row += 32)
-          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, &state_full);
+          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, item_full);
       } else if (lane == 0) {
-        ptx::mbarrier_arrive(&state_full);
+        ptx::mbarrier_arrive(item_full);
       }
       int64_t next = 0;
       if (lane == 0) {
@@ -144,13 +143,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
         const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
         const uint8_t* records =
             p.records + p.seqs.first_slot(j / H, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
-        for (int c = 0; c < num_chunks; ++c, ++fills) {
-          if (fills >= kStages) ptx::mbarrier_wait_parity(&empty[s], parity ^ 1);  // released kStages fills ago
-          fill_stage(smem + s * kStageBytes, &full[s], records + int64_t{c} * record_stride, &p.v_rows, h,
-                     bos + int64_t{c} * kChunk);
-          next_stage<kStages>(s, parity);
+        for (int c = 0; c < num_chunks; ++c) {
+          ring.wait_empty(at);
+          fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows,
+                     h, bos + int64_t{c} * kChunk);
+          at.advance();
         }
-        next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
+        next = items_left.next_work();
       }
       k = __shfl_sync(0xffffffffu, next, 0);
     }
@@ -160,29 +159,29 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   LaneOffsets offsets;
   offsets.init<kNTiles>(lane, 0);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  int s = 0;
-  uint32_t parity = 0;
+  typename Ring::Cursor at;
+  StageRing<1>::Cursor item_at;
   float acc[kNTiles][4];
 #pragma unroll 1
-  for (uint32_t item = 0;; ++item) {
-    ptx::mbarrier_wait_parity(&state_full, item & 1);
+  for (;; item_at.advance()) {
+    handover.wait_full(item_at);
     const int64_t j = item_info->item;
     if (j < 0) break;
     const int64_t bos = item_info->bos, final_slot = item_info->final_slot;
     const int len = item_info->len;
     if (p.initial_state) load_staged_state(acc, staged, f32_in, vbase, lane);
     else load_state<kOrder>(acc, nullptr, false, 0, 0, lane);  // zeros
-    ptx::mbarrier_arrive(&state_empty);
+    handover.release(item_at);
     const int h = static_cast<int>(j % H);
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
     if constexpr (kCheckpoints) write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
     auto step = [&](int c) {
-      ptx::mbarrier_wait_parity(&full[s], parity);
+      ring.wait_full(at);
       const int left = len - c * kChunk;
-      chunk_step<kOrder, 1>(acc, smem + s * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
+      chunk_step<kOrder, 1>(acc, smem + at.stage * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
                     out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
-      ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
-      next_stage<kStages>(s, parity);
+      ring.release(at);  // this thread's reads of the stage are done
+      at.advance();
     };
     const int chunks = (len + kChunk - 1) / kChunk;
     if constexpr (kCheckpoints) {

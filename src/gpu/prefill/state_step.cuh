@@ -13,6 +13,7 @@
 #include "gpu/common/state_slots.cuh"  // CheckpointTable
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/kernels.h"  // kVRowStride
+#include "gpu/prefill/stage_ring.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/movmatrix.cuh"
@@ -140,17 +141,6 @@ __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, cons
   t.at(n, tokens, [&](int64_t entry) {
     store_state<O, kKMajor, false>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
   });
-}
-
-// The stage ring of a pipeline, written once for every producer and consumer loop: the next of
-// kStages stages, the mbarrier phase parity flipping each time the ring wraps (producers wait on
-// empty[s] with parity ^ 1, the release of the previous lap; consumers on full[s] with parity).
-template <int kStages>
-__device__ __forceinline__ void next_stage(int& s, uint32_t& parity) {
-  if (++s == kStages) {
-    s = 0;
-    parity ^= 1;
-  }
 }
 
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).

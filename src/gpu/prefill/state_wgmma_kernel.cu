@@ -50,19 +50,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map destinations
-  __shared__ uint64_t full[kStages], empty[kStages];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], kConsumers);  // every consumer thread releases the stage
-    }
-    ptx::fence_mbarrier_init();
-  }
+  using Ring = StageRing<kStages>;
+  __shared__ Ring ring;
+  if (threadIdx.x == 0) ring.init(kConsumers);  // every consumer thread releases a stage
   __syncthreads();
 
-  auto fill = [&](int c) {  // thread 0: chunk c into its stage
-    fill_stage<WgmmaRecord>(smem + (c % kStages) * kWgmmaStageBytes, &full[c % kStages], records + int64_t{c} * record_stride,
-                     &p.v_rows, h, bos + int64_t{c} * kChunk);
+  auto fill = [&](int c) {  // thread 0: chunk c into its stage, once the stage's last reader has released it
+    const auto to = Ring::Cursor::of_fill(c);
+    ring.wait_empty(to);
+    fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
+                            &p.v_rows, h, bos + int64_t{c} * kChunk);
   };
   if (threadIdx.x == 0)
     for (int c = 0; c < num_chunks && c < kStages; ++c) fill(c);
@@ -75,22 +72,18 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   float(&s_acc)[64] = reinterpret_cast<float(&)[64]>(acc);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-  int s = 0;
-  uint32_t parity = 0;
+  typename Ring::Cursor at;
   for (int c = 0; c < num_chunks; ++c) {
-    ptx::mbarrier_wait_parity(&full[s], parity);
+    ring.wait_full(at);
     const int64_t left = eos - bos - int64_t{c} * kChunk;
-    wgmma_chunk_step(s_acc, smem + s * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
+    wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
                      static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
-    ptx::mbarrier_arrive(&empty[s]);  // this thread's reads of the stage are done
+    ring.release(at);  // this thread's reads of the stage are done
     // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
     // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
     // step (1.23 us a chunk at P1 against 0.99 for the step alone).
-    if (const int done = c - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < num_chunks) {
-      ptx::mbarrier_wait_parity(&empty[done % kStages], (done / kStages) & 1);
-      fill(done + kStages);
-    }
-    next_stage<kStages>(s, parity);
+    if (const int done = c - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < num_chunks) fill(done + kStages);
+    at.advance();
   }
   if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0)
     store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);

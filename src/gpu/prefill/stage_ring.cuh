@@ -1,0 +1,53 @@
+// The stage ring of the state passes, written once: kStages shared-memory stages between one
+// producer thread (bulk copies that complete on full[s]) and the consumer threads (each releases
+// a stage on empty[s] when its reads are done). The mbarrier phase bit lives in Cursor only.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/ptx/bulk_copy.cuh"
+
+namespace flashkda::gpu::state_pass {
+
+template <int kStages>
+struct StageRing {
+  static_assert(kStages >= 1, "kStages = 1: a handover, one thing at a time");
+  uint64_t full[kStages];   // one arrival (the producer's expect_tx) and the copies' bytes
+  uint64_t empty[kStages];  // one arrival a consumer thread
+
+  // A position in the ring: the stage and the parity of its current lap. Consumers wait on
+  // full[stage] for `phase`; the producer waits on empty[stage] for `phase ^ 1`, the release of
+  // the previous lap. A barrier fresh from init counts that phase as complete (its current phase
+  // is 0), so the producer's first lap never waits and needs no counter of its own.
+  struct Cursor {
+    int stage = 0;
+    uint32_t phase = 0;
+    __device__ __forceinline__ void advance() {
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    // The position of fill number n, for a producer that refills behind the consumers' cursor.
+    static __device__ __forceinline__ Cursor of_fill(int n) { return {n % kStages, static_cast<uint32_t>(n / kStages) & 1u}; }
+  };
+
+  // One thread; its fence also publishes any barrier it initialised before (to the copy engine),
+  // and the caller's __syncthreads to the block.
+  __device__ __forceinline__ void init(uint32_t consumer_threads) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], consumer_threads);
+    }
+    ptx::fence_mbarrier_init();
+  }
+
+  // Producer: wait until every consumer has released the stage, then fill it on full_barrier.
+  __device__ __forceinline__ void wait_empty(const Cursor& at) { ptx::mbarrier_wait_parity(&empty[at.stage], at.phase ^ 1); }
+  __device__ __forceinline__ uint64_t* full_barrier(const Cursor& at) { return &full[at.stage]; }
+  // Consumers: wait for the stage's copies, read it, release it.
+  __device__ __forceinline__ void wait_full(const Cursor& at) { ptx::mbarrier_wait_parity(&full[at.stage], at.phase); }
+  __device__ __forceinline__ void release(const Cursor& at) { ptx::mbarrier_arrive(&empty[at.stage]); }
+};
+
+}  // namespace flashkda::gpu::state_pass
