@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     int len;
   };
   using Ring = StageRing<kStages>;
-  __shared__ Ring ring;
-  __shared__ StageRing<1> handover;  // one item at a time: ItemInfo and the staged state
+  __shared__ uint64_t full[kStages], empty[kStages], item_full[1], item_empty[1];
+  const Ring ring{full, empty};
+  const StageRing<1> handover{item_full, item_empty};  // one item at a time: ItemInfo and the staged state
   __shared__ volatile ItemInfo item_info[1];
   if (threadIdx.x == 0) {  // every consumer thread releases a stage and the handover
     ring.init(kWarps * 32);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     for (;; item_at.advance()) {
       // The consumers read the previous item's number and state before its first chunk step.
       handover.wait_empty(item_at);
-      uint64_t* const item_full = handover.full_barrier(item_at);
+      uint64_t* const item_ready = handover.full_barrier(item_at);
       // Padding sequences' items never reach the consumers: nothing is written for them.
       while (k < items && !p.slots.runs(p.slots.start(item_of(k) / H), p.initial_state != nullptr)) {
         int64_t next = 0;
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       if (k >= items) {
         if (lane == 0) {
           item_info->item = -1;  // no more items
-          ptx::mbarrier_arrive(item_full);
+          ptx::mbarrier_arrive(item_ready);
         }
         return;
       }
@@ -128,14 +129,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       }
       if (p.initial_state) {
         const uint32_t row_bytes = f32_in ? 512 : 256;
-        if (lane == 0) ptx::mbarrier_arrive_expect_tx(item_full, kHeadDim * row_bytes);
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(item_ready, kHeadDim * row_bytes);
         __syncwarp();
         const int64_t slot_head = p.slots.start(j / H) * H + j % H;
         const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + slot_head * kHeadDim * int64_t{row_bytes};
         for (int row = lane; row < kHeadDim; row += 32)
-          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, item_full);
+          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, item_ready);
       } else if (lane == 0) {
-        ptx::mbarrier_arrive(item_full);
+        ptx::mbarrier_arrive(item_ready);
       }
       int64_t next = 0;
       if (lane == 0) {

@@ -51,13 +51,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map destinations
   using Ring = StageRing<kStages>;
-  __shared__ Ring ring;
+  __shared__ uint64_t full[kStages], empty[kStages];
+  const Ring ring{full, empty};
   if (threadIdx.x == 0) ring.init(kConsumers);  // every consumer thread releases a stage
   __syncthreads();
 
-  auto fill = [&](int c) {  // thread 0: chunk c into its stage, once the stage's last reader has released it
+  auto fill = [&](int c) {  // thread 0: chunk c into its stage (free: first lap, or waited for)
     const auto to = Ring::Cursor::of_fill(c);
-    ring.wait_empty(to);
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
                             &p.v_rows, h, bos + int64_t{c} * kChunk);
   };
@@ -82,7 +82,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
     // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
     // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
     // step (1.23 us a chunk at P1 against 0.99 for the step alone).
-    if (const int done = c - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < num_chunks) fill(done + kStages);
+    if (const int done = c - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < num_chunks) {
+      ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
+      fill(done + kStages);
+    }
     at.advance();
   }
   if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0)
