@@ -97,62 +97,82 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
     typename Ring::Cursor at;
     StageRing<1>::Cursor item_at;
-    // Items are taken in order: k-th item = (sequence seq_order[k / H] or k / H, head k % H); it
-    // is handed to the consumers as j = sequence H + head.
-    auto item_of = [&](int64_t k) { return (p.seq_order ? p.seq_order[k / H] : k / H) * H + k % H; };
-    int64_t k = items_left.initial_work();
+    // Lane 0 looks an item up: the k-th item taken is (sequence seq_order[k / H] or k / H, head
+    // k % H), j = sequence H + head (-1: no more items); padding sequences' items are skipped
+    // (nothing is written for them).
+    struct Item {
+      int64_t j = -1, start = 0, bos = 0, eos = 0, final_slot = -1;
+    };
+    auto look_up = [&](int64_t k) {
+      Item it;
+      for (;; k = items_left.next_work()) {
+        if (k >= items) return it;
+        const int64_t j = (p.seq_order ? p.seq_order[k / H] : k / H) * H + k % H;
+        const int64_t start = p.slots.start(j / H);
+        if (p.slots.runs(start, p.initial_state != nullptr)) {
+          it.j = j, it.start = start;
+          break;
+        }
+      }
+      p.seqs.bounds(it.j / H, it.bos, it.eos);
+      it.final_slot = p.final_state ? p.slots.final_slot(it.j / H, it.start) : -1;
+      return it;
+    };
+    Item next;
+    if (lane == 0) next = look_up(items_left.initial_work());
     for (;; item_at.advance()) {
       // The consumers read the previous item's number and state before its first chunk step.
       handover.wait_empty(item_at);
       uint64_t* const item_ready = handover.full_barrier(item_at);
-      // Padding sequences' items never reach the consumers: nothing is written for them.
-      while (k < items && !p.slots.runs(p.slots.start(item_of(k) / H), p.initial_state != nullptr)) {
-        int64_t next = 0;
-        if (lane == 0) next = items_left.next_work();
-        k = __shfl_sync(0xffffffffu, next, 0);
-      }
-      if (k >= items) {
+      const Item it = next;  // lane 0's; the other lanes need j and start only
+      const int64_t j = __shfl_sync(0xffffffffu, it.j, 0);
+      if (j < 0) {
         if (lane == 0) {
           item_info->item = -1;  // no more items
           ptx::mbarrier_arrive(item_ready);
         }
         return;
       }
-      const int64_t j = item_of(k);
-      int64_t bos = 0, eos = 0;
       if (lane == 0) {  // published by the arrive below (release)
-        p.seqs.bounds(j / H, bos, eos);
         item_info->item = j;
-        item_info->bos = bos;
-        item_info->len = static_cast<int>(eos - bos);  // < 2^31 tokens
-        item_info->final_slot = p.final_state ? p.slots.final_slot(j / H, p.slots.start(j / H)) : -1;
+        item_info->bos = it.bos;
+        item_info->len = static_cast<int>(it.eos - it.bos);  // < 2^31 tokens
+        item_info->final_slot = it.final_slot;
       }
       if (p.initial_state) {
         const uint32_t row_bytes = f32_in ? 512 : 256;
         if (lane == 0) ptx::mbarrier_arrive_expect_tx(item_ready, kHeadDim * row_bytes);
         __syncwarp();
-        const int64_t slot_head = p.slots.start(j / H) * H + j % H;
+        const int64_t slot_head = __shfl_sync(0xffffffffu, it.start, 0) * H + j % H;
         const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + slot_head * kHeadDim * int64_t{row_bytes};
         for (int row = lane; row < kHeadDim; row += 32)
           ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, item_ready);
       } else if (lane == 0) {
         ptx::mbarrier_arrive(item_ready);
       }
-      int64_t next = 0;
       if (lane == 0) {
         const int h = static_cast<int>(j % H);
-        const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+        const int num_chunks = static_cast<int>((it.eos - it.bos + kChunk - 1) / kChunk);  // < 2^31 tokens
         const uint8_t* records =
-            p.records + p.seqs.first_slot(j / H, bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+            p.records + p.seqs.first_slot(j / H, it.bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+        // The next item is looked up kLookAhead fills before this one's last (after the first
+        // for shorter items), while the stages ahead keep the consumers busy: its hand-over then
+        // follows the last fill at once. Looked up after the last fill (a counter atomic, then
+        // dependent loads of the order, the slot table and cu_seqlens), it reached the consumers
+        // late: ncu at P9 (8-chunk items) put 15% of the kernel's stall samples on the consumers'
+        // wait for it. Not earlier, so that a block takes its next item about when it would
+        // otherwise (the balance of unequal items).
+        constexpr int kLookAhead = 4;
+        const int look_at = num_chunks > kLookAhead ? num_chunks - kLookAhead : 0;
         for (int c = 0; c < num_chunks; ++c) {
           ring.wait_empty(at);
           fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows,
-                     h, bos + int64_t{c} * kChunk);
+                     h, it.bos + int64_t{c} * kChunk);
           at.advance();
+          if (c == look_at) next = look_up(items_left.next_work());
         }
-        next = items_left.next_work();
+        if (num_chunks == 0) next = look_up(items_left.next_work());
       }
-      k = __shfl_sync(0xffffffffu, next, 0);
     }
   }
 
