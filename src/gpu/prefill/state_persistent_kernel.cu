@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
   uint8_t* staged = smem + kStages * kStageBytes;
   // The handover passes one item at a time: its number, tokens and final-state slot (ItemInfo;
-  // item -1 ends the loop) and, with an initial state, its staged copy. The producer looks the sequence up (cu_seqlens, the slot table), kStages chunks ahead, so the
-  // consumers start an item without a device-memory load of their own.
+  // item -1 ends the loop) and, with an initial state, its staged copy. The producer looks the
+  // item up (the order, the slot table, cu_seqlens) while the previous item's chunks are still
+  // in flight, so the consumers start an item without a device-memory load of their own.
   struct ItemInfo {
     int64_t item, bos, final_slot;
     int len;
