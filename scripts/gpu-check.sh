@@ -2,9 +2,11 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile python wgmma
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
+#   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
+#                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
@@ -126,6 +128,15 @@ for step in $steps; do
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
         rm -f "$OUT/ncu-$c.csv"
       done
+      ;;
+    stalls)  # where one kernel's warps stall, per SASS instruction (ncu's source page, one launch)
+      c=${STALL_CASE:-P9}
+      k=${STALL_KERNEL:-state_persistent_kernel}
+      run_step "ncu stalls $c $k" "$summary" 120 ncu --section WarpStateStats --section SourceCounters \
+        -k regex:"$k" -c 1 -f -o /tmp/stalls "$CLI_BIN" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 \
+        --json /tmp/stalls-bench.json
+      ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass >/tmp/stalls-source.csv 2>&1
+      python3 scripts/ncu_top_stalls.py /tmp/stalls-source.csv 40 | sed "s/^/stalls $c: /" >>"$summary"
       ;;
     python)
       if [ -n "${WHEEL:-}" ]; then
