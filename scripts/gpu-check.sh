@@ -80,11 +80,6 @@ for step in $steps; do
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       run_step "tests pools+checkpoints, persistent" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_PERSISTENT=1 \
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
-      # The same suites on the 4x1 layout with the prep kernel beside the state pass (PrepOverlap):
-      # the serving kernels (checkpoints, K-major) take the ready flags too.
-      run_step "tests pools+checkpoints, 4x1 beside prep" "$OUT/gpu-tests.log" 120 env FLASHKDA_CUDA_KERNELS=auto \
-        FLASHKDA_STATE_CONFIG=4x1 FLASHKDA_SPLIT=0 FLASHKDA_OVERLAP=1 \
-        "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       # The experimental wgmma state pass on the pool and strided suites (checkpoint and K-major
       # calls keep the mma.sync passes), and its step prototype (fp64 check, then a time a step).
       run_step "tests pools+strided, wgmma" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_WGMMA=1 \
@@ -97,7 +92,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefill.OverlappedPrepMatchesSerialBitForBit:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
+          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
         run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*:PoolForms/GpuDecodePools.*/bf16_VK:PoolForms/GpuDecodePools.*/fp32_KV'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \

@@ -45,18 +45,14 @@ struct PrefillPlan {
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  // kPerItem: > 0 runs the prep kernel beside the state pass (PrepOverlap in prefill/kernels.h),
-  // this many prep blocks a multiprocessor beside its state block.
-  int overlap_blocks_per_sm = 0;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
-  // overlap_bytes: the overlap's hand-off (its chunk counter, per-multiprocessor counts, ready flags)
-  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, overlap_bytes = 0;
+  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
-    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + overlap_bytes;
+    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes;
   }
 };
 

@@ -414,40 +414,6 @@ TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   unsetenv("FLASHKDA_PREP_BLOCKS_PER_SM");
 }
 
-// The prep kernel beside the per-item state pass (taken for the 4x1 and 2x2 layouts where every
-// state block runs at once; FLASHKDA_OVERLAP=1 also takes 1x4) hands over the same records as
-// the two kernels one after the other (FLASHKDA_OVERLAP=0): bit for bit, with sequences long
-// enough (2000 tokens, 125 chunks) that the chains catch up with the prep grid and of uneven
-// lengths (rounds where the shorter ones have no chunk), both gates; then the default against
-// the oracle.
-TEST_F(GpuPrefill, OverlappedPrepMatchesSerialBitForBit) {
-  for (const char* layout : {"4x1", "2x2", "1x4"})
-    for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
-      SCOPED_TRACE(std::string(layout) + (gate == Gate::kSoftplus ? ", softplus gate" : ", safe gate"));
-      setenv("FLASHKDA_STATE_CONFIG", layout, 1);
-      ProblemSpec spec = packed({2000, 700, 0, 33}, 5, 31);
-      spec.gate = gate;
-      RandomProblem host(spec);
-      if (gate == Gate::kSoftplus) kimi_softplus(host, 32);
-      DeviceProblem dev(host);
-      setenv("FLASHKDA_OVERLAP", "0", 1);
-      dev.poison_outputs();
-      dev.run();
-      const std::vector<uint16_t> out = dev.out();
-      const std::vector<uint8_t> state = dev.final_state();
-      setenv("FLASHKDA_OVERLAP", "1", 1);
-      for (int run = 0; run < 2; ++run) {
-        dev.poison_outputs();
-        dev.run();
-        EXPECT_TRUE(dev.out() == out) << "overlapped out differs, run " << run;
-        EXPECT_TRUE(dev.final_state() == state) << "overlapped final state differs, run " << run;
-      }
-      unsetenv("FLASHKDA_OVERLAP");
-      expect_matches_oracle(host);
-    }
-  unsetenv("FLASHKDA_STATE_CONFIG");
-}
-
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 

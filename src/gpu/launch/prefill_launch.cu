@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 
 #include "common/fail.h"
 #include "gpu/gpu_backend.h"
@@ -152,65 +151,6 @@ bool orders_sequences(const Problem& p) {
   return p.cu_seqlens && p.N > 1 && p.N <= kMaxOrderedSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
 }
 
-// Overlap: where the per-item state pass leaves room on each multiprocessor, the prep kernel runs
-// beside it (PrepOverlap in kernels.h) instead of before it, so that their times overlap instead
-// of adding up (P4, P10: prep ~half of the call). The prep grid is launched first and never waits
-// on the state pass, which is launched after it programmatically, starts once every prep block
-// has started, and waits on a flag per record: it cannot deadlock, and where the runtime does not
-// overlap the two (profilers, sanitizers) the state pass finds every flag set. Taken where every
-// state block runs at once (one a multiprocessor) with room for at least two prep blocks beside
-// it: the 4x1 and 2x2 layouts (4x1: 208 registers and 4 stages a block leave room for 3); the 8x1
-// block (159 registers, 6 stages) leaves room for one, far too slow (perf-notes: one prep block a
-// multiprocessor runs P1's prep in 1.58 ms against 0.54 with six). FLASHKDA_OVERLAP=0/1 forces it
-// off / on (on: with room for one prep block, for the tests).
-
-// How many blocks of `small` fit on a multiprocessor of the current device beside one of `big`.
-cudaError_t blocks_beside(const KernelFootprint& big, const KernelFootprint& small, int& beside) {
-  int device = 0, registers = 0, smem = 0, reserved = 0, threads = 0, blocks = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  const std::pair<int*, cudaDeviceAttr> attrs[] = {{&registers, cudaDevAttrMaxRegistersPerMultiprocessor},
-                                                   {&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
-                                                   {&reserved, cudaDevAttrReservedSharedMemoryPerBlock},
-                                                   {&threads, cudaDevAttrMaxThreadsPerMultiProcessor},
-                                                   {&blocks, cudaDevAttrMaxBlocksPerMultiprocessor}};
-  for (const auto& [value, attr] : attrs)
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(value, attr, device);
-  // Registers go to warps in units of 256 (8 a thread) from four quarters of the register file,
-  // one a scheduler, a block's warps dealt to them in turn: a block of w warps takes up to
-  // ceil(w / 4) warps' registers of one quarter (state_kernel.cu, kFolded, says what that cost).
-  // Shared memory goes in units of 128 bytes.
-  auto quarter_registers = [](const KernelFootprint& f) {
-    return (f.threads / 32 + 3) / 4 * ((f.registers + 7) / 8 * 8) * 32;
-  };
-  auto block_smem = [&](const KernelFootprint& f) { return (f.smem + reserved + 127) / 128 * 128; };
-  const int by_registers = (registers / 4 - quarter_registers(big)) / quarter_registers(small);
-  const int by_smem = (smem - block_smem(big)) / block_smem(small);
-  const int by_threads = (threads - big.threads) / small.threads;
-  beside = std::max(0, std::min({by_registers, by_smem, by_threads, blocks - 1}));
-  return err;
-}
-
-int overlap_blocks_per_sm(const Problem& p, const PrefillPlan& plan, StateConfig c) {
-  if (plan.pass != PrefillPlan::Pass::kPerItem || p.total_tokens == 0 || c.value_slices == 8) return 0;
-  const int forced = forced_switch("FLASHKDA_OVERLAP");
-  if (forced == 0 || p.N * p.H * (8 / c.value_slices) > plan.multiprocessors) return 0;
-  const bool serving = p.checkpoint_offsets || p.state_layout == StateLayout::kKV;
-  const bool softplus = p.gate == Gate::kSoftplus;
-  // Once per device and kernel pair: layouts 4x1, 2x2, 1x4 (value_slices 4, 2, 1), serving, gate.
-  static PerDevice<int> cached[3][2][2];
-  const int layout = c.value_slices == 4 ? 0 : c.value_slices == 2 ? 1 : 2;
-  int beside = cached[layout][serving][softplus].get("fitting prep blocks beside a state block", [&](int& n) {
-    return blocks_beside(state_footprint(c, serving), prep_overlapped_footprint(softplus), n);
-  });
-  if (const char* n = std::getenv("FLASHKDA_OVERLAP_BLOCKS")) beside = std::atoi(n);  // experiment
-  return beside >= (forced == 1 ? 1 : 2) ? beside : 0;
-}
-
-// The overlap's hand-off in the workspace: the chunk counter on a 128-byte line, the per-
-// multiprocessor block counts, then a ready flag per record.
-constexpr size_t kOverlapCounterBytes = 128;
-constexpr size_t kOverlapSmBytes = kMaxSmIds * sizeof(unsigned);
-
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
 // forces it, and only where it applies (V-major states, no checkpoints); nothing chooses it yet.
 bool use_wgmma(const Problem& p) {
@@ -256,10 +196,6 @@ PrefillPlan plan_prefill(const Problem& p) {
   }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
-  plan.overlap_blocks_per_sm = overlap_blocks_per_sm(p, plan, c);
-  if (plan.overlap_blocks_per_sm > 0)
-    plan.overlap_bytes = kOverlapCounterBytes + kOverlapSmBytes +
-                         static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -290,17 +226,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    if (plan.overlap_blocks_per_sm > 0) {  // zeroed in the stream before the prep grid starts
-      const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.overlap_bytes, stream);
-      if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prefill hand-off failed: ", cudaGetErrorString(err));
-      prep.overlap = {reinterpret_cast<unsigned long long*>(after_records),
-                      reinterpret_cast<unsigned*>(after_records + kOverlapCounterBytes),
-                      reinterpret_cast<uint32_t*>(after_records + kOverlapCounterBytes + kOverlapSmBytes),
-                      plan.overlap_blocks_per_sm};
-      launch_prep_overlapped(prep, plan.overlap_blocks_per_sm * plan.multiprocessors, stream);
-    } else {
-      launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
-    }
+    launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
   StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk, kVRowStride),
@@ -326,8 +252,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
-  if (plan.overlap_blocks_per_sm > 0)
-    state.ready = reinterpret_cast<const uint32_t*>(after_records + kOverlapCounterBytes + kOverlapSmBytes);
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

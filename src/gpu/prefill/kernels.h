@@ -12,21 +12,6 @@
 
 namespace flashkda::gpu {
 
-// The prep kernel running beside the per-item state pass (prefill_launch.cu, "Overlap"): a
-// grid of prep blocks that fits beside the state blocks at once takes the chunks in the order the
-// chains need them and sets each record's ready flag once it is written; the state grid, launched
-// after it programmatically, starts while it runs, and each state block's producer copies a
-// record once its flag is set. Zeroed (all three arrays) before the prep launch.
-struct PrepOverlap {
-  unsigned long long* item_counter = nullptr;  // chunks taken
-  unsigned* sm_blocks = nullptr;               // [kMaxSmIds] prep blocks that landed on each multiprocessor
-  uint32_t* ready = nullptr;                   // [slots, H] 1 once that record is written
-  int blocks_per_sm = 0;                       // prep blocks a multiprocessor keeps (room for a state block)
-};
-// %smid values the per-multiprocessor counts cover (H200: 132 multiprocessors); a block on a
-// higher one is not counted and stays.
-constexpr int kMaxSmIds = 256;
-
 struct PrepParams {
   ActivationView q, k, g;  // [total, H, 128] bf16, any strides of 8 elements (16-byte loads)
   bool same_row_strides;   // q, k, g have the same strides: one row offset serves all three
@@ -46,7 +31,6 @@ struct PrepParams {
   // kernel sharing the multiprocessors with the state pass would leave it).
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
-  PrepOverlap overlap;               // launch_prep_overlapped only
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
@@ -95,9 +79,6 @@ struct StateParams {
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
   const int* seq_order = nullptr;  // persistent pass: the order sequences' items are taken in, or nullptr (0, 1, ..)
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
-  // The per-item pass beside the prep kernel (PrepOverlap): a record's flag, set once it is
-  // written; nullptr: the records were written before this grid started.
-  const uint32_t* ready = nullptr;
 };
 
 // Y = Z + X M (or X M^T) for rows of per-head [rows, 128] X, Z, Y and a per-head [128, 128] M;
@@ -132,22 +113,7 @@ struct StateConfig {
 // state_kernel.cu; its persistent form (8x1 layout, min(N H, sms) blocks; no split): see
 // state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
-// The overlapped prep grid (PrepOverlap): `blocks` blocks, then the per-item state pass with
-// p.ready set, launched right after it (launch_state launches it programmatically).
-void launch_prep_overlapped(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
-
-// What one block of a kernel takes from a multiprocessor (cudaFuncGetAttributes): the overlap's
-// plan fits prep blocks beside a state block with these.
-struct KernelFootprint {
-  int threads = 0;
-  int registers = 0;  // a thread's
-  int smem = 0;       // static + dynamic bytes
-};
-KernelFootprint prep_overlapped_footprint(bool softplus_gate);
-// The per-item state kernel of a layout in its form beside prep (4x1, 2x2, 1x4; serving: its
-// checkpoint / K-major form).
-KernelFootprint state_footprint(StateConfig config, bool serving);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
 // The experimental wgmma state pass (state_wgmma_kernel.cu): records in WgmmaRecord's layout,
 // per item, V-major states, no checkpoints; one block of 256 threads per (sequence, head).

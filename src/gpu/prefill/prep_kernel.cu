@@ -6,13 +6,11 @@
 
 #include "common/fail.h"
 #include "common/bf16.h"
-#include "gpu/launch/per_device.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -161,13 +159,20 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   }
 }
 
-// The record of one chunk (slot) of head h: `count` tokens (1..16) from token t0 of sequence
-// `seq`. kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state
-// pass), else ChunkRecord's. Ends with the block's last reads of `sm` done by this thread only:
-// the caller puts a barrier before the next chunk.
+// kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else ChunkRecord's.
 template <bool kSoftplus, bool kWgmma>
-__device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, int64_t slot, int h, int64_t seq,
-                                           int64_t t0, int count) {
+__global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
+  const int h = blockIdx.x;
+  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  // The persistent state pass that follows in the stream counts its items from zero.
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
+  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
+  int64_t seq, t0;
+  int count;
+  locate_slot(p.seqs, slot, seq, t0, count);
+  if (count == 0) return;  // uniform over the block
+
+  __shared__ __align__(128) PrepSmem sm;
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
 
   // Phase 1: the chunk's q, k, g rows into shared memory with 16-byte loads (rows past the
@@ -512,94 +517,6 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
   }
 }
 
-// A block per (chunk slot, head), heads fastest.
-template <bool kSoftplus, bool kWgmma>
-__global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
-  const int h = blockIdx.x;
-  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
-  // The persistent state pass that follows in the stream counts its items from zero.
-  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
-  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
-  int64_t seq, t0;
-  int count;
-  locate_slot(p.seqs, slot, seq, t0, count);
-  if (count == 0) return;  // uniform over the block
-  __shared__ __align__(128) PrepSmem sm;
-  prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
-}
-
-// The overlapped form (PrepOverlap in kernels.h): a grid that fits beside the state blocks at
-// once, each block taking chunks from a counter in the order the state pass needs them (chunk
-// index within its sequence, then sequence, then head: every (sequence, head) chain's next record
-// comes at the same pace) and publishing each record by its ready flag. The blocks never wait on
-// the state pass, so it cannot hold them up; a block that lands on a multiprocessor already
-// holding `blocks_per_sm` of them leaves at once, so that a state block finds room there.
-// Registers capped at the plain kernel's (80 and 96; the loop alone took 96 and 128): a 4x1 state
-// block leaves room for three prep blocks at 80 registers, two at 96.
-template <bool kSoftplus>
-__global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_overlapped_kernel(const PrepParams p) {
-  ptx::griddep_launch_dependents();  // the state grid after this one may start: every block is resident
-  __shared__ __align__(128) PrepSmem sm;
-  __shared__ int64_t next[2];  // the block's next item, by the parity of its turn
-  __shared__ int rounds;       // chunks of the longest sequence
-  const PrepOverlap& o = p.overlap;
-  const int tid = threadIdx.x;
-  if (tid == 0) {
-    rounds = 0;
-    const uint32_t sm = ptx::sm_id();
-    const bool stays = sm >= kMaxSmIds || atomicAdd(o.sm_blocks + sm, 1u) < static_cast<unsigned>(o.blocks_per_sm);
-    next[0] = stays ? static_cast<int64_t>(atomicAdd(o.item_counter, 1ull)) : INT64_MAX;
-  }
-  __syncthreads();
-  for (int64_t n = tid; n < p.seqs.num_seqs; n += kThreads) {
-    int64_t bos, eos;
-    p.seqs.bounds(n, bos, eos);
-    atomicMax(&rounds, static_cast<int>((eos - bos + kChunk - 1) / kChunk));  // < 2^31 tokens
-  }
-  __syncthreads();
-  const int H = p.num_heads;
-  const int64_t items = int64_t{rounds} * p.seqs.num_seqs * H;
-  int64_t item = next[0];
-  for (int turn = 1; item < items; ++turn) {
-    // Taken now, used after the chunk: the counter's latency hides behind the work.
-    const int64_t after = tid == 0 ? static_cast<int64_t>(atomicAdd(o.item_counter, 1ull)) : 0;
-    const int h = static_cast<int>(item % H);
-    const int64_t n = item / H % p.seqs.num_seqs, chunk = item / H / p.seqs.num_seqs;
-    int64_t bos, eos;
-    p.seqs.bounds(n, bos, eos);
-    const int64_t t0 = bos + chunk * kChunk;
-    const bool real = t0 < eos;  // shorter sequences have no chunk this round
-    const int64_t slot = p.seqs.first_slot(n, bos) + chunk;
-    if (real) {
-      prep_chunk<kSoftplus, false>(p, sm, slot, h, n, t0,
-                                   static_cast<int>(eos - t0 < kChunk ? eos - t0 : kChunk));
-      ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
-    }
-    __syncthreads();  // every thread's record stores (and its reads of sm) are done
-    if (tid == 0) {
-      if (real) {
-        __threadfence();
-        ptx::store_release_gpu(o.ready + slot * H + h, 1u);
-      }
-      next[turn & 1] = after;
-    }
-    __syncthreads();
-    item = next[turn & 1];
-  }
-}
-
-// The shared-memory carveout at its largest: a multiprocessor takes the overlapped prep blocks
-// first, and a carveout sized for them alone would leave no room for the state block that comes
-// after them (the multiprocessor would have to drain before it could grow).
-template <bool kSoftplus>
-void prepare_overlapped() {
-  static PerDeviceOnce set;
-  set.run("prep kernel: setting its shared-memory carveout", [] {
-    return cudaFuncSetAttribute(prep_overlapped_kernel<kSoftplus>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                cudaSharedmemCarveoutMaxShared);
-  });
-}
-
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
@@ -625,22 +542,6 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   kernel<<<grid, kThreads, pad, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
-}
-
-void launch_prep_overlapped(const PrepParams& p, int blocks, cudaStream_t stream) {
-  if (p.softplus_gate) prepare_overlapped<true>();
-  else prepare_overlapped<false>();
-  const auto kernel = p.softplus_gate ? prep_overlapped_kernel<true> : prep_overlapped_kernel<false>;
-  kernel<<<blocks, kThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
-}
-
-KernelFootprint prep_overlapped_footprint(bool softplus_gate) {
-  cudaFuncAttributes a{};
-  const cudaError_t err = cudaFuncGetAttributes(&a, softplus_gate ? prep_overlapped_kernel<true> : prep_overlapped_kernel<false>);
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "reading the prep kernel's attributes failed: ", cudaGetErrorString(err));
-  return {kThreads, a.numRegs, static_cast<int>(a.sharedSizeBytes)};
 }
 
 }  // namespace flashkda::gpu

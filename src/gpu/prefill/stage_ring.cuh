@@ -49,8 +49,6 @@ struct StageRing {
 
   // Producer: wait until every consumer has released the stage, then fill it on full_barrier.
   __device__ __forceinline__ void wait_empty(const Cursor& at) const { ptx::mbarrier_wait_parity(&empty[at.stage], at.phase ^ 1); }
-  // The same without waiting: whether every consumer has released it.
-  __device__ __forceinline__ bool is_empty(const Cursor& at) const { return ptx::mbarrier_test_parity(&empty[at.stage], at.phase ^ 1); }
   __device__ __forceinline__ uint64_t* full_barrier(const Cursor& at) const { return &full[at.stage]; }
   // Consumers: wait for the stage's copies, read it, release it.
   __device__ __forceinline__ void wait_full(const Cursor& at) const { ptx::mbarrier_wait_parity(&full[at.stage], at.phase); }

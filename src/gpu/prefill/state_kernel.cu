@@ -18,19 +18,11 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
 namespace {
 
 using namespace state_pass;
-
-// Beside the prep kernel (StateParams::ready): waits until a chunk's record is written; the proxy
-// fence orders the flag's acquire before the bulk copy's reads of the record.
-__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
-  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
-  ptx::fence_proxy_async_global();
-}
 
 // The identity as the initial state (rows v, columns k): the split pass's A run.
 template <StateOrder O, int kTiles>
@@ -60,14 +52,6 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // and checkpoints may be K-major (p.k_major). A kernel of its own: any checkpoint code in or
 // beside the chunk loop of the plain kernel (a check per chunk, or a second copy of the loop)
 // cost P1, P3 and P7 3-8%.
-//
-// kFolded: the form that runs beside the prep kernel (PrepOverlap, StateParams::ready): no
-// producer warp; lane 0 of consumer warp 0 fills the stages at the start of each step, as far
-// ahead as the records are ready and the stages released, waiting only for the step's own chunk.
-// A multiprocessor's register file is four quarters, one a scheduler, and a block's warps are
-// dealt to them in turn: the 4x1 block's fifth warp (208 registers a thread) put two warps on one
-// quarter and left room there for one prep warp, so one prep block beside it (measured on the
-// H200); with four warps, three.
 // Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
@@ -76,18 +60,13 @@ constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceEx
 template <int VW, int KS, int BLOCKS>
 constexpr int kLayoutStages = stages_fitting(BLOCKS, kExchangeBytes<VW, KS>);
 
-// A block's dynamic shared memory: 128 bytes of alignment slack, the stages, the exchange areas.
-template <int VW, int KS, int BLOCKS>
-constexpr int kLayoutSmem = 128 + kLayoutStages<VW, KS, BLOCKS> * kStageBytes + kExchangeBytes<VW, KS>;
-
 static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLayoutStages<4, 1, 2> == 4 &&
                   kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kFolded = false>
-__global__ void __launch_bounds__((VW * KS + (kFolded ? 0 : 1)) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
+__global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
-  static_assert(!kFolded || (!kSplit && VW != 8), "only the per-item 4x1, 2x2 and 1x4 layouts run beside prep");
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -106,14 +85,8 @@ __global__ void __launch_bounds__((VW * KS + (kFolded ? 0 : 1)) * 32, 1) state_k
   const int64_t n = head_block / H;
   const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
 
-  // Beside the prep kernel (kFolded), this grid may finish only after it (the work after the call
-  // in the stream, the next call's zeroing of the flags among it, must find the prep grid done):
-  // every thread waits for it last.
   const int64_t start = p.slots.start(n);
-  if (!p.slots.runs(start, p.initial_state != nullptr)) {  // padding: nothing is written for it
-    if constexpr (kFolded) ptx::griddep_wait();
-    return;
-  }
+  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
@@ -139,40 +112,21 @@ __global__ void __launch_bounds__((VW * KS + (kFolded ? 0 : 1)) * 32, 1) state_k
     const int64_t left = eos - bos - int64_t{c} * kChunk;
     return static_cast<int>(left < kChunk ? left : kChunk);
   };
-  // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
-  auto fill = [&](const typename StageRing<kStages>::Cursor& at, int c) {
-    fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
-               a_run ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
-  };
-  if (!kFolded && warp == kWarps) {  // producer
+  if (warp == kWarps) {  // producer
     if (lane != 0) return;
     typename StageRing<kStages>::Cursor at;
+    // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
+    const bool zero_v = a_run;
     for (int c = c_begin; c < c_end; ++c) {
       // The first lap's waits would return at once; skipping them keeps the 8x1 step loop's
       // schedule as measured (with them ptxas reordered it).
       if (c - c_begin >= kStages) ring.wait_empty(at);
-      fill(at, c);
+      fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
+                 zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
       at.advance();
     }
     return;
   }
-  // kFolded: lane 0 of warp 0 before step c fills chunks up to c + kStages - 1 while their
-  // records are ready and their stages released, and waits for both only for chunk c itself.
-  int filled = c_begin;  // the next chunk to fill
-  typename StageRing<kStages>::Cursor fill_at;
-  auto feed = [&](int c) {
-    for (; filled < c_end && filled < c + kStages; ++filled, fill_at.advance()) {
-      const bool needed = filled == c;
-      if (filled - c_begin >= kStages) {
-        if (!needed && !ring.is_empty(fill_at)) return;  // a slower warp still reads it
-        ring.wait_empty(fill_at);
-      }
-      const uint32_t* flag = p.ready + (slot0 + filled) * H + h;
-      if (!needed && ptx::load_acquire_gpu(flag) == 0) return;
-      wait_ready(flag);
-      fill(fill_at, filled);
-    }
-  };
 
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
   const int64_t initial_row0 = (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase;
@@ -196,10 +150,6 @@ __global__ void __launch_bounds__((VW * KS + (kFolded ? 0 : 1)) * 32, 1) state_k
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
     typename StageRing<kStages>::Cursor at;
     auto step = [&](int c) {
-      if constexpr (kFolded) {
-        if (warp == 0 && lane == 0) feed(c);
-        __syncwarp();
-      }
       ring.wait_full(at);
       // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
       // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
@@ -233,62 +183,25 @@ __global__ void __launch_bounds__((VW * KS + (kFolded ? 0 : 1)) * 32, 1) state_k
     if (k_major) store_state<kOrder, true>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
     else store_state<kOrder>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
   }
-  if constexpr (kFolded) ptx::griddep_wait();
 }
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kFolded = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  if constexpr (!kSplit && !kServing && !kFolded) {
+  if constexpr (!kSplit && !kServing) {
     if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
   }
-  if constexpr (!kSplit && !kFolded && VW != 8) {
-    if (p.ready) return launch_state_config<VW, KS, BLOCKS, false, kServing, true>(p, stream);
-  }
-  if (p.ready && !kFolded) fail(ErrorCode::kInternal, "state kernel: the 8x1 layout and the split pass run after prep");
-  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kFolded>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
-  constexpr int kSmem = kLayoutSmem<VW, KS, BLOCKS>;
+  constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;
   static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    // Beside prep, the prep blocks' carveout (launch_prep_overlapped): one configuration fits both.
-    if (kFolded && err == cudaSuccess)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    return err;
+    return cudaFuncSetAttribute(state_kernel<VW, KS, BLOCKS, kSplit, kServing>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  constexpr int kThreads = (VW * KS + (kFolded ? 0 : 1)) * 32;
-  if constexpr (!kFolded) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(p);
-  } else {
-    // Beside the prep grid launched just before: programmatic stream serialization lets this
-    // grid start once every prep block has started (each lets it at its start).
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    cudaLaunchAttribute overlap[1];
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
-    if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
-  }
-}
-
-// The form that runs beside prep (kFolded).
-template <int VW, int KS, int BLOCKS>
-KernelFootprint footprint_of(bool serving) {
-  cudaFuncAttributes a{};
-  const cudaError_t err = cudaFuncGetAttributes(&a, serving ? state_kernel<VW, KS, BLOCKS, false, true, true>
-                                                            : state_kernel<VW, KS, BLOCKS, false, false, true>);
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "reading the state kernel's attributes failed: ", cudaGetErrorString(err));
-  return {VW * KS * 32, a.numRegs, static_cast<int>(a.sharedSizeBytes) + kLayoutSmem<VW, KS, BLOCKS>};
+  state_kernel<VW, KS, BLOCKS, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
 }
 
 }  // namespace
@@ -320,13 +233,6 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
          config.key_parts);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
-}
-
-KernelFootprint state_footprint(StateConfig config, bool serving) {
-  if (config.value_slices == 4 && config.key_parts == 1) return footprint_of<4, 1, 2>(serving);
-  if (config.value_slices == 2 && config.key_parts == 2) return footprint_of<2, 2, 2>(serving);
-  if (config.value_slices == 1 && config.key_parts == 4) return footprint_of<1, 4, 1>(serving);
-  fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ", config.key_parts);
 }
 
 }  // namespace flashkda::gpu

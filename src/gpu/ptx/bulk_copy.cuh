@@ -41,19 +41,6 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
   }
 }
 
-// Whether the barrier's phase with the given parity has completed, without waiting.
-__device__ __forceinline__ bool mbarrier_test_parity(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // Global -> shared, completion counted in bytes on `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(void* dst_smem, const void* src_gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile(
