@@ -62,6 +62,56 @@ __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], cons
     }
 }
 
+// This lane's part of the final state (value rows [row0, row0 + 16), all 128 key columns) with
+// 16-byte stores. In the fragment order a lane holds two adjacent columns of each 8-column tile
+// (a 4- or 8-byte store each: 32 store instructions a lane, 8 rows of half sectors each, and
+// ncu at P9 put them on the global store queue's throttle); two exchanges in the lane's quad
+// (lanes t4 ^ 1, then t4 ^ 2) give lane t4 whole 16-byte runs of one row instead: bf16, tiles
+// 4k + t4 (8 stores); fp32 (one exchange), columns 4 (t4 / 2) .. + 3 of tiles 2m + t4 % 2 (16).
+__device__ __forceinline__ uint2 shfl_xor_pair(uint2 x, int mask) {
+  return make_uint2(__shfl_xor_sync(0xffffffffu, x.x, mask), __shfl_xor_sync(0xffffffffu, x.y, mask));
+}
+
+template <bool kF32>
+__device__ __forceinline__ void store_state_wide(const float (&acc)[kNTiles][4], void* state, int64_t row0, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+  const bool odd = t4 & 1, high = t4 & 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + g + 8 * r;
+    if constexpr (kF32) {
+      float* dst = static_cast<float*>(state) + row * kHeadDim + 4 * (t4 >> 1);
+#pragma unroll
+      for (int m = 0; m < kNTiles / 2; ++m) {
+        const uint2 lo = make_uint2(__float_as_uint(acc[2 * m][pair_first<kOrder>(r)]), __float_as_uint(acc[2 * m][pair_second<kOrder>(r)]));
+        const uint2 hi = make_uint2(__float_as_uint(acc[2 * m + 1][pair_first<kOrder>(r)]),
+                                    __float_as_uint(acc[2 * m + 1][pair_second<kOrder>(r)]));
+        const uint2 got = shfl_xor_pair(odd ? lo : hi, 1);  // the even lane keeps tile 2m, the odd one 2m + 1
+        const uint4 run = odd ? make_uint4(got.x, got.y, hi.x, hi.y) : make_uint4(lo.x, lo.y, got.x, got.y);
+        *reinterpret_cast<uint4*>(dst + 8 * (2 * m + odd)) = run;
+      }
+    } else {
+      uint32_t u[kNTiles];  // columns 8 nt + 2 t4, + 1
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) u[nt] = ptx::pack_bf16x2(acc[nt][pair_first<kOrder>(r)], acc[nt][pair_second<kOrder>(r)]);
+      uint2 w[kNTiles / 2];  // columns 4 (t4 / 2) .. + 3 of tile 2m + t4 % 2
+#pragma unroll
+      for (int m = 0; m < kNTiles / 2; ++m) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? u[2 * m] : u[2 * m + 1], 1);
+        w[m] = odd ? make_uint2(got, u[2 * m + 1]) : make_uint2(u[2 * m], got);
+      }
+      uint16_t* dst = static_cast<uint16_t*>(state) + row * kHeadDim;
+#pragma unroll
+      for (int k = 0; k < kNTiles / 4; ++k) {  // tile 4k + t4: w[2k] from the low lane, w[2k + 1] from the high
+        const uint2 got = shfl_xor_pair(high ? w[2 * k] : w[2 * k + 1], 2);
+        const uint4 run = high ? make_uint4(got.x, got.y, w[2 * k + 1].x, w[2 * k + 1].y)
+                               : make_uint4(w[2 * k].x, w[2 * k].y, got.x, got.y);
+        *reinterpret_cast<uint4*>(dst + 8 * (4 * k + t4)) = run;
+      }
+    }
+  }
+}
+
 // kCheckpoints: as in state_kernel.cu, a kernel of its own (checkpoint code beside the plain
 // kernel's chunk loop cost P3 and P9 3-4%).
 template <bool kCheckpoints>
@@ -219,8 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     }
     if (final_slot >= 0) {  // the dtype branch taken once, not predicated into every store
       const int64_t row0 = (final_slot * H + h) * kHeadDim + vbase;
-      if (p.final_state_f32) store_state<kOrder>(acc, p.final_state, true, row0, 0, lane);
-      else store_state<kOrder>(acc, p.final_state, false, row0, 0, lane);
+      if (p.final_state_f32) store_state_wide<true>(acc, p.final_state, row0, lane);
+      else store_state_wide<false>(acc, p.final_state, row0, lane);
     }
   }
 }
