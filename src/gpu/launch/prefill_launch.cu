@@ -137,6 +137,7 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
 bool use_persistent(const Problem& p, StateConfig c, int sms) {
   if (p.total_tokens == 0) return false;  // the prep kernel, which zeroes the item counter, does not run
   if (p.state_layout != StateLayout::kVK) return false;  // it stages V-major rows of the initial state
+  if (p.initial_slots * p.H > INT32_MAX) return false;     // through a tensor map: int32 (slot, head) coordinates
   if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
@@ -248,6 +249,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   if (persistent) {  // the prep kernel above zeroed the counter and wrote the order
     state.item_counter = counter;
     state.seq_order = order;
+    if (p.initial_state)
+      state.initial_rows = encode_state_rows_map(p.initial_state, p.initial_state_dtype == DType::kF32, p.initial_slots * p.H);
     launch_state_persistent(state, plan.multiprocessors, stream);
     return;
   }

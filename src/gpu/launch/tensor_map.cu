@@ -44,4 +44,22 @@ CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t head
   return map;
 }
 
+CUtensorMap encode_state_rows_map(const void* base, bool f32, int64_t slot_heads) {
+  constexpr cuuint64_t kRows = 128, kCols = 128, kBoxBytes = 128;
+  const cuuint64_t elem = f32 ? 4 : 2;
+  CUtensorMap map{};
+  // No state (or no slot) still gets a valid, never used map: dimensions must be >= 1.
+  const cuuint64_t dims[3] = {kCols, kRows, static_cast<cuuint64_t>(slot_heads > 0 ? slot_heads : 1)};
+  const cuuint64_t strides[2] = {kCols * elem, kRows * kCols * elem};  // bytes, dims 1..2
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(kRows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled_fn()(&map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                                       const_cast<void*>(base), dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorCode::kCudaError, "encoding the initial state's tensor map failed (CUresult ", static_cast<int>(r), ")");
+  return map;
+}
+
 }  // namespace flashkda::gpu

@@ -78,6 +78,9 @@ struct StateParams {
   StateSplit split;
   unsigned long long* item_counter = nullptr;  // persistent pass: items handed out past the first grid's worth
   const int* seq_order = nullptr;  // persistent pass: the order sequences' items are taken in, or nullptr (0, 1, ..)
+  // Persistent pass with an initial state: its [slots H][128][128] rows as tensor-map boxes
+  // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
+  CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
 };
 

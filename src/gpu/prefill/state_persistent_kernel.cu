@@ -26,37 +26,44 @@ using namespace state_pass;
 constexpr int kWarps = 8;  // 8 value slices of 16 columns: the whole head, all key channels
 constexpr int kThreads = (kWarps + 1) * 32;
 
-// The staged initial state: 128 rows (value columns) of one head's [V, K] state. Rows are
-// padded (bf16: 256 + 16 bytes, fp32: 512 + 32) so that the fragment reads below are
-// conflict-free (row g of a fragment starts 4 or 8 banks after row g - 1).
-__host__ __device__ constexpr uint32_t staged_row_bytes(bool f32) { return f32 ? 544 : 272; }
-constexpr uint32_t kStagedStateBytes = kHeadDim * staged_row_bytes(true);
-// One block a multiprocessor: the stages that fit beside the staged state (5 of 26.5 KB).
-constexpr int kStages = stages_fitting(1, kStagedStateBytes);
-constexpr int kSmem = 128 + kStages * kStageBytes + kStagedStateBytes;
+// The staged initial state: the 128 rows (value columns) of one head's [V, K] state as tensor-map
+// boxes of 128 rows x 128 bytes (encode_state_rows_map: 2 boxes in bf16, 4 in fp32) with the
+// 128-byte swizzle, which keeps the fragment reads below conflict-free (bf16; fp32: 2-way) with
+// unpadded rows. The 128 one-row bulk copies an item these replace (the padded rows needed one
+// a row) cost ~24 us of P9's persistent pass in all (ncu, 852c515), by their number, not bytes.
+constexpr uint32_t kStateBoxBytes = kHeadDim * 128;               // 128 rows x 128 bytes
+constexpr uint32_t kStagedStateBytes = 4 * kStateBoxBytes;         // fp32: 4 boxes
+constexpr uint32_t kSwizzleAlign = 1024;                           // the swizzle's atom: 8 rows x 128 bytes
+// One block a multiprocessor: the stages that fit beside the staged state (and its alignment).
+constexpr int kStages = stages_fitting(1, kStagedStateBytes + kSwizzleAlign);
+constexpr int kSmem = 128 + kStages * kStageBytes + kSwizzleAlign + kStagedStateBytes;
 static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one block's shared memory");
 
 // The state's register order (state_step.cuh): the A order measured faster here (P3 1.103 ms
 // against 1.118, P9 0.443 against 0.449).
 constexpr StateOrder kOrder = StateOrder::kA;
 
-// This lane's state registers of value columns [vbase, vbase + 16) from the staged state. The
-// lane's pairs lie at fixed steps from one base (rows g, g + 8, columns 2 t4 + 8 nt); a pair loop
-// over element indices (row = idx / 128) cost ~400 integer instructions an item (SASS). The f32
-// pairs as two 4-byte loads: 8-byte ones (register pairs) made ptxas copy ~150 registers in the
-// chunk loop (528 -> 692 instructions a step).
+// This lane's state registers of value columns [vbase, vbase + 16) from the staged state: pair
+// (row R, columns C, C + 1) of box C / (64 or 32), row R, 16-byte chunk (C's byte / 16) ^ (R % 8)
+// (R % 8 = g: vbase is a multiple of 16). The f32 pairs as two 4-byte loads: 8-byte ones
+// (register pairs) made ptxas copy ~150 registers in the chunk loop (528 -> 692 instructions a
+// step).
 __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], const uint8_t* staged, bool f32,
                                                   int vbase, int lane) {
-  const uint32_t row_bytes = staged_row_bytes(f32), elem_bytes = f32 ? 4 : 2;
   const int g = lane >> 2, t4 = lane & 3;
-  const uint8_t* base = staged + static_cast<uint32_t>(vbase + g) * row_bytes + 2 * t4 * elem_bytes;
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint8_t* pair = base + r * 8 * row_bytes + nt * 8 * elem_bytes;
-      const float2 x = f32 ? make_float2(reinterpret_cast<const float*>(pair)[0], reinterpret_cast<const float*>(pair)[1])
-                           : ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(pair));
+      const uint8_t* row = staged + static_cast<uint32_t>(vbase + g + 8 * r) * 128;
+      float2 x;
+      if (f32) {  // columns 8 nt + 2 t4: box nt / 4, byte 32 (nt % 4) + 8 t4
+        const uint8_t* pair = row + (nt / 4) * kStateBoxBytes + (((2 * (nt % 4) + (t4 >> 1)) ^ g) * 16) + 8 * (t4 & 1);
+        x = make_float2(reinterpret_cast<const float*>(pair)[0], reinterpret_cast<const float*>(pair)[1]);
+      } else {  // box nt / 8, byte 16 (nt % 8) + 4 t4
+        const uint8_t* pair = row + (nt / 8) * kStateBoxBytes + (((nt % 8) ^ g) * 16) + 4 * t4;
+        x = ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(pair));
+      }
       acc[nt][pair_first<kOrder>(r)] = x.x;
       acc[nt][pair_second<kOrder>(r)] = x.y;
     }
@@ -125,6 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map copies: 128-byte aligned
   uint8_t* staged = smem + kStages * kStageBytes;
+  staged += (kSwizzleAlign - (ptx::smem_addr(staged) & (kSwizzleAlign - 1))) & (kSwizzleAlign - 1);
   // The handover passes one item at a time: its number, tokens and final-state slot (ItemInfo;
   // item -1 ends the loop) and, with an initial state, its staged copy. The producer looks the
   // item up (the order, the slot table, cu_seqlens) while the previous item's chunks are still
@@ -145,12 +153,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   __syncthreads();
   const ItemScheduler items_left{p.item_counter};
 
-  if (warp == kWarps) {  // producer warp: lane 0 fetches items and fills stages, all lanes copy state rows
+  if (warp == kWarps) {  // producer: lane 0 fetches items, stages each one's state and fills the stages
+    if (lane != 0) return;
     typename Ring::Cursor at;
     StageRing<1>::Cursor item_at;
-    // Lane 0 looks an item up: the k-th item taken is (sequence seq_order[k / H] or k / H, head
-    // k % H), j = sequence H + head (-1: no more items); padding sequences' items are skipped
-    // (nothing is written for them).
+    // Looks an item up: the k-th item taken is (sequence seq_order[k / H] or k / H, head k % H),
+    // j = sequence H + head (-1: no more items); padding sequences' items are skipped (nothing is
+    // written for them).
     struct Item {
       int64_t j = -1, start = 0, bos = 0, eos = 0, final_slot = -1;
     };
@@ -169,63 +178,52 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       it.final_slot = p.final_state ? p.slots.final_slot(it.j / H, it.start) : -1;
       return it;
     };
-    Item next;
-    if (lane == 0) next = look_up(items_left.initial_work());
+    Item next = look_up(items_left.initial_work());
     for (;; item_at.advance()) {
       // The consumers read the previous item's number and state before its first chunk step.
       handover.wait_empty(item_at);
       uint64_t* const item_ready = handover.full_barrier(item_at);
-      const Item it = next;  // lane 0's; the other lanes need j and start only
-      const int64_t j = __shfl_sync(0xffffffffu, it.j, 0);
+      const Item it = next;
+      const int64_t j = it.j;
       if (j < 0) {
-        if (lane == 0) {
-          item_info->item = -1;  // no more items
-          ptx::mbarrier_arrive(item_ready);
-        }
+        item_info->item = -1;  // no more items
+        ptx::mbarrier_arrive(item_ready);
         return;
       }
-      if (lane == 0) {  // published by the arrive below (release)
-        item_info->item = j;
-        item_info->bos = it.bos;
-        item_info->len = static_cast<int>(it.eos - it.bos);  // < 2^31 tokens
-        item_info->final_slot = it.final_slot;
-      }
+      item_info->item = j;  // published by the arrive below (release)
+      item_info->bos = it.bos;
+      item_info->len = static_cast<int>(it.eos - it.bos);  // < 2^31 tokens
+      item_info->final_slot = it.final_slot;
       if (p.initial_state) {
-        const uint32_t row_bytes = f32_in ? 512 : 256;
-        if (lane == 0) ptx::mbarrier_arrive_expect_tx(item_ready, kHeadDim * row_bytes);
-        __syncwarp();
-        const int64_t slot_head = __shfl_sync(0xffffffffu, it.start, 0) * H + j % H;
-        const uint8_t* src = static_cast<const uint8_t*>(p.initial_state) + slot_head * kHeadDim * int64_t{row_bytes};
-        for (int row = lane; row < kHeadDim; row += 32)
-          ptx::bulk_copy_g2s(staged + row * staged_row_bytes(f32_in), src + row * row_bytes, row_bytes, item_ready);
-      } else if (lane == 0) {
+        const int boxes = f32_in ? 4 : 2, box_cols = f32_in ? 32 : 64;
+        ptx::mbarrier_arrive_expect_tx(item_ready, boxes * kStateBoxBytes);
+        const int slot_head = static_cast<int>(it.start * H + j % H);  // < 2^31 (the plan): a tensor-map coordinate
+        for (int b = 0; b < boxes; ++b)
+          ptx::tensor_copy_3d_g2s(staged + b * kStateBoxBytes, &p.initial_rows, b * box_cols, 0, slot_head, item_ready);
+      } else {
         ptx::mbarrier_arrive(item_ready);
       }
-      if (lane == 0) {
-        const int h = static_cast<int>(j % H);
-        const int num_chunks = static_cast<int>((it.eos - it.bos + kChunk - 1) / kChunk);  // < 2^31 tokens
-        const uint8_t* records =
-            p.records + p.seqs.first_slot(j / H, it.bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
-        // The next item is looked up kLookAhead fills before this one's last (after the first
-        // for shorter items), while the stages ahead keep the consumers busy: its hand-over then
-        // follows the last fill at once. Looked up after the last fill (a counter atomic, then
-        // dependent loads of the order, the slot table and cu_seqlens), it reached the consumers
-        // late: ncu at P9 (8-chunk items) put 15% of the kernel's stall samples on the consumers'
-        // wait for it. This took P9 from 0.432 to 0.426 ms (H200, same session), so most of that
-        // wait is elsewhere (the staged state's 128 row copies are the suspect, not measured).
-        // Not earlier, so that a block takes its next item about when it would otherwise (the
-        // balance of unequal items).
-        constexpr int kLookAhead = 4;
-        const int look_at = num_chunks > kLookAhead ? num_chunks - kLookAhead : 0;
-        for (int c = 0; c < num_chunks; ++c) {
-          ring.wait_empty(at);
-          fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows,
-                     h, it.bos + int64_t{c} * kChunk);
-          at.advance();
-          if (c == look_at) next = look_up(items_left.next_work());
-        }
-        if (num_chunks == 0) next = look_up(items_left.next_work());
+      const int h = static_cast<int>(j % H);
+      const int num_chunks = static_cast<int>((it.eos - it.bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+      const uint8_t* records =
+          p.records + p.seqs.first_slot(j / H, it.bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+      // The next item is looked up kLookAhead fills before this one's last (after the first for
+      // shorter items), while the stages ahead keep the consumers busy: its hand-over then follows
+      // the last fill at once. Looked up after the last fill (a counter atomic, then dependent
+      // loads of the order, the slot table and cu_seqlens), it reached the consumers late: ncu at
+      // P9 (8-chunk items) put 15% of the kernel's stall samples on the consumers' wait for it.
+      // This took P9 from 0.432 to 0.426 ms (H200, same session). Not earlier, so that a block
+      // takes its next item about when it would otherwise (the balance of unequal items).
+      constexpr int kLookAhead = 4;
+      const int look_at = num_chunks > kLookAhead ? num_chunks - kLookAhead : 0;
+      for (int c = 0; c < num_chunks; ++c) {
+        ring.wait_empty(at);
+        fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows,
+                   h, it.bos + int64_t{c} * kChunk);
+        at.advance();
+        if (c == look_at) next = look_up(items_left.next_work());
       }
+      if (num_chunks == 0) next = look_up(items_left.next_work());
     }
   }
 
