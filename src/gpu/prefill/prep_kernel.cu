@@ -20,13 +20,29 @@ constexpr int kThreads = 128;
 constexpr int64_t kMaxGridY = 65535;  // slots go over grid.y, then grid.z
 
 // Finds the chunk a slot holds: its sequence, first token and token count (0 for an unused slot).
+// Called by the whole block: the sequence is the largest n with first_slot(n) <= slot. With
+// cu_seqlens every test reads device memory, and a binary search made that log2(N) dependent
+// loads at the start of every block (P9's 64 sequences: six; its prep kernel took ~14% longer a
+// chunk than P1's with one sequence). Here a round tests kThreads candidates at once, a load
+// each, and counts the hits (first_slot grows with n): one round up to 128 sequences.
 __device__ __forceinline__ void locate_slot(const SequenceTable& seqs, int64_t slot, int64_t& seq, int64_t& t0,
                                             int& count) {
-  int64_t lo = 0, hi = seqs.num_seqs - 1;  // largest n with first_slot(n) <= slot
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (seqs.first_slot(mid, seqs.offset(mid)) <= slot) lo = mid;
-    else hi = mid - 1;
+  int64_t lo = 0, hi = seqs.num_seqs - 1;
+  if (seqs.cu_seqlens) {
+    while (lo < hi) {  // uniform over the block
+      const int64_t step = (hi - lo + kThreads) / kThreads;  // candidates lo, lo + step, ..., up to hi
+      const int64_t n = lo + step * threadIdx.x;
+      const int hits = __syncthreads_count(n <= hi && seqs.first_slot(n, seqs.offset(n)) <= slot);
+      if (hits == 0) break;  // not even lo (cu_seqlens[0] > 0): sequence 0, as the binary search gives
+      lo += step * (hits - 1);
+      hi = min(hi, lo + step - 1);
+    }
+  } else {  // no loads: a binary search
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (seqs.first_slot(mid, seqs.offset(mid)) <= slot) lo = mid;
+      else hi = mid - 1;
+    }
   }
   int64_t bos, eos;
   seqs.bounds(lo, bos, eos);
