@@ -45,14 +45,19 @@ struct PrefillPlan {
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
+  // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
+  // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
+  int64_t tail_first_slot = 0;
+  int tail_sms = 0;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
-  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0;
+  // tail_bytes: the prep tail's counters and ready flags
+  size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, tail_bytes = 0;
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
-    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes;
+    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + tail_bytes;
   }
 };
 

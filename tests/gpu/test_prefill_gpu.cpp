@@ -414,41 +414,83 @@ TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   unsetenv("FLASHKDA_PREP_BLOCKS_PER_SM");
 }
 
+// The prep tail (one sequence on the 8x1 layout: the last chunks' records by a second prep grid
+// while the chains run, handed over by ready flags) gives the records, and so every output, of
+// the prep kernel alone (FLASHKDA_PREP_TAIL=0): bit for bit, at the launcher's share and at a
+// forced one, both gates, then against the oracle.
+TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
+  setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+  for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
+    SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
+    ProblemSpec spec = packed({3000}, 6, 33);
+    spec.gate = gate;
+    RandomProblem host(spec);
+    if (gate == Gate::kSoftplus) kimi_softplus(host, 34);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_PREP_TAIL", "0", 1);
+    dev.poison_outputs();
+    dev.run();
+    const std::vector<uint16_t> out = dev.out();
+    const std::vector<uint8_t> state = dev.final_state();
+    unsetenv("FLASHKDA_PREP_TAIL");
+    for (const char* share : {"", "0.2"}) {
+      if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
+      for (int run = 0; run < 2; ++run) {
+        dev.poison_outputs();
+        dev.run();
+        EXPECT_TRUE(dev.out() == out) << "share '" << share << "': out differs, run " << run;
+        EXPECT_TRUE(dev.final_state() == state) << "share '" << share << "': final state differs, run " << run;
+      }
+      unsetenv("FLASHKDA_PREP_TAIL_SHARE");
+    }
+    expect_matches_oracle(host);
+  }
+  unsetenv("FLASHKDA_STATE_CONFIG");
+}
+
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
+// Both a plain call and one with a prep tail (8x1, one sequence: a second prep grid beside the
+// state grid, which starts programmatically and waits on ready flags) on a non-default stream and
+// captured into a CUDA graph, replayed twice (the graph zeroes the hand-off again each time).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
-  RandomProblem host(packed({100, 33}, 4, 21));
-  DeviceProblem dev(host);
-  cudaStream_t stream;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  dev.poison_outputs();
-  dev.run(stream);
-  const std::vector<uint16_t> direct = dev.out();
+  for (const bool tail : {false, true}) {
+    SCOPED_TRACE(tail ? "with a prep tail" : "plain");
+    if (tail) setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+    RandomProblem host(tail ? packed({1500}, 6, 22) : packed({100, 33}, 4, 21));
+    DeviceProblem dev(host);
+    cudaStream_t stream;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    dev.poison_outputs();
+    dev.run(stream);
+    const std::vector<uint16_t> direct = dev.out();
 
-  // Capture forward into a graph: no host synchronisation may happen inside.
-  const ForwardArgs a = dev.args();
-  void* ws = nullptr;
-  const size_t ws_bytes = forward_workspace_size(a);
-  check_cuda(cudaMalloc(&ws, ws_bytes), "workspace");
-  dev.poison_outputs();
-  cudaGraph_t graph;
-  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-  forward(a, ws, ws_bytes, stream);
-  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec;
-  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
-  check_cuda(cudaStreamSynchronize(stream), "graph sync");
-  EXPECT_TRUE(dev.out() == direct) << "graph replay differs from the direct call";
-  dev.poison_outputs();  // a second replay: nothing the first one left in the workspace matters
-  check_cuda(cudaGraphLaunch(exec, stream), "graph relaunch");
-  check_cuda(cudaStreamSynchronize(stream), "graph resync");
-  EXPECT_TRUE(dev.out() == direct) << "the second graph replay differs from the direct call";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaFree(ws);
-  cudaStreamDestroy(stream);
+    // Capture forward into a graph: no host synchronisation may happen inside.
+    const ForwardArgs a = dev.args();
+    void* ws = nullptr;
+    const size_t ws_bytes = forward_workspace_size(a);
+    check_cuda(cudaMalloc(&ws, ws_bytes), "workspace");
+    dev.poison_outputs();
+    cudaGraph_t graph;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    forward(a, ws, ws_bytes, stream);
+    check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t exec;
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
+    check_cuda(cudaStreamSynchronize(stream), "graph sync");
+    EXPECT_TRUE(dev.out() == direct) << "graph replay differs from the direct call";
+    dev.poison_outputs();  // a second replay: nothing the first one left in the workspace matters
+    check_cuda(cudaGraphLaunch(exec, stream), "graph relaunch");
+    check_cuda(cudaStreamSynchronize(stream), "graph resync");
+    EXPECT_TRUE(dev.out() == direct) << "the second graph replay differs from the direct call";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(ws);
+    cudaStreamDestroy(stream);
+    unsetenv("FLASHKDA_STATE_CONFIG");
+  }
 }
 
 // A NaN or Inf planted in any input propagates as in the oracle (docs/contract.md; the rule is

@@ -142,6 +142,14 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
+// The prep tail's workspace: its chunk counter and multiprocessor count on a 128-byte line, the
+// per-multiprocessor block counts and ranks, then a ready flag per record.
+constexpr size_t kTailCounterBytes = 128;
+// Tail blocks a multiprocessor: the prep kernel's own occupancy (80 registers, 35 KB: six), which
+// it needs for its rate (perf-notes: 1581 / 970 / 787 / 648 / 538 us at P1 with 1 / 2 / 3 / 4 / 6).
+constexpr int kTailBlocksPerSm = 6;
+constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
+
 // The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
 // (orders_sequences) the sequence order, [N] int32.
 constexpr size_t kItemCounterBytes = 128;
@@ -150,6 +158,44 @@ constexpr size_t kItemCounterBytes = 128;
 // lengths that can differ (FLASHKDA_SEQ_ORDER=0 keeps the order 0, 1, ..., for comparison).
 bool orders_sequences(const Problem& p) {
   return p.cu_seqlens && p.N > 1 && p.N <= kMaxOrderedSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
+}
+
+// Prep tail: one sequence on many heads (P1) runs the 8x1 pass with one block a head, H of the
+// multiprocessors, and leaves the others idle for the whole chain (P1: 36 of 132 for ~670 us).
+// The prep kernel then writes only the first chunks' records, and a second prep grid (the tail,
+// PrepTail in kernels.h) writes the rest on the idle multiprocessors while the chains run: it is
+// launched before the state grid, its blocks stay on (sms - H) multiprocessors and leave the
+// others at once, and the state grid, launched after it programmatically, starts on the empty
+// ones and waits on a ready flag for each tail record. Neither grid waits on one that can be
+// kept from running: the tail's blocks never wait on the state pass, and where the runtime does
+// not overlap them (profilers, sanitizers) the state grid finds every flag set. The tail's share
+// of the chunks keeps it ahead of the chains: on I idle multiprocessors it writes a chunk of all
+// H heads in ~1.41 H / I us (the prep kernel's rate, six blocks a multiprocessor: P1's 49152
+// records in ~524 us on 132) against a chain step of ~1.31 us, so up to 0.93 I / H of the chunks;
+// 0.84 I / H leaves a 10% margin (P1: 31%). FLASHKDA_PREP_TAIL=0 turns it off;
+// FLASHKDA_PREP_TAIL_SHARE=x sets the share (tests, measurements).
+constexpr int kMinTailSms = 8;
+constexpr int64_t kMinTailChunks = 64;
+
+void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
+  if (plan.pass != PrefillPlan::Pass::kPerItem || c.value_slices != 8 || p.N != 1 || p.checkpoint_offsets ||
+      p.state_layout != StateLayout::kVK || forced_switch("FLASHKDA_PREP_TAIL") == 0)
+    return;
+  const int idle = plan.multiprocessors - static_cast<int>(p.H);
+  const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
+  if (idle < kMinTailSms || chunks < kMinTailChunks) return;
+  double share = 0.84 * idle / static_cast<double>(p.H);
+  if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {
+    if (std::sscanf(forced, "%lf", &share) != 1 || !(share > 0.0 && share < 1.0))
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_TAIL_SHARE: expected a fraction in (0, 1), got '", forced, "'");
+  }
+  share = std::min(share, 0.5);
+  const int64_t tail_chunks = static_cast<int64_t>(share * static_cast<double>(chunks));
+  if (tail_chunks < 1) return;
+  plan.tail_first_slot = chunks - tail_chunks;  // slot c holds chunk c (one sequence)
+  plan.tail_sms = idle;
+  plan.tail_bytes = kTailCounterBytes + 2 * kTailSmBytes +
+                    static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
 }
 
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
@@ -197,6 +243,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
+  plan_tail(p, c, plan);
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -227,7 +274,23 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
+    if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
+      const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
+      if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
+      launch_prep(prep, plan.tail_first_slot, stream);
+      prep.tail = {plan.tail_first_slot,
+                   num_chunk_slots(p.total_tokens, p.N),
+                   reinterpret_cast<unsigned long long*>(after_records),
+                   reinterpret_cast<unsigned*>(after_records + 8),
+                   reinterpret_cast<unsigned*>(after_records + kTailCounterBytes),
+                   reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + kTailSmBytes),
+                   reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes),
+                   plan.tail_sms,
+                   kTailBlocksPerSm};
+      launch_prep_tail(prep, kTailBlocksPerSm * plan.multiprocessors, stream);
+    } else {
+      launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
+    }
   }
   const ActivationView v = activation_view(p.v, p.v_rows, p, p.V);  // token rows evenly spaced (the plan)
   StateParams state{encode_token_rows_map(p.v, p.total_tokens, p.H, v.token, v.head, kChunk, kVRowStride),
@@ -255,6 +318,10 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
+  if (plan.tail_sms > 0) {
+    state.ready = reinterpret_cast<const uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes);
+    state.ready_from = plan.tail_first_slot;
+  }
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

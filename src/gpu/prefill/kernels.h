@@ -12,6 +12,24 @@
 
 namespace flashkda::gpu {
 
+// The prep tail (prefill_launch.cu, "Prep tail"): the last chunks' records written by a prep grid
+// on the multiprocessors the 8x1 state grid leaves idle, while the chains run. Zeroed (all of it)
+// before the prep launches.
+struct PrepTail {
+  int64_t first_slot = 0;  // the tail: slots [first_slot, num_slots)
+  int64_t num_slots = 0;
+  unsigned long long* item_counter = nullptr;  // chunks taken
+  unsigned* sm_count = nullptr;                // multiprocessors that took a tail block
+  unsigned* sm_blocks = nullptr;               // [kMaxSmIds] tail blocks that landed on each
+  uint32_t* sm_rank = nullptr;                 // [kMaxSmIds] 1 + its rank among them (0: not yet)
+  uint32_t* ready = nullptr;                   // [num_slots, H] 1 once that record is written
+  int sms = 0;                                 // multiprocessors the tail keeps
+  int blocks_per_sm = 0;                       // tail blocks each of them keeps
+};
+// %smid values the per-multiprocessor counts cover (H200: 132 multiprocessors); a block on a
+// higher one leaves.
+constexpr int kMaxSmIds = 256;
+
 struct PrepParams {
   ActivationView q, k, g;  // [total, H, 128] bf16, any strides of 8 elements (16-byte loads)
   bool same_row_strides;   // q, k, g have the same strides: one row offset serves all three
@@ -31,6 +49,7 @@ struct PrepParams {
   // kernel sharing the multiprocessors with the state pass would leave it).
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
+  PrepTail tail;                     // launch_prep_tail only
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
@@ -82,6 +101,10 @@ struct StateParams {
   // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
   CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
+  // With a prep tail (PrepTail; the 8x1 per-item pass only): the ready flags of the tail's
+  // records, slots from ready_from on; nullptr: every record was written before this grid.
+  const uint32_t* ready = nullptr;
+  int64_t ready_from = 0;
 };
 
 // Y = Z + X M (or X M^T) for rows of per-head [rows, 128] X, Z, Y and a per-head [128, 128] M;
@@ -116,6 +139,9 @@ struct StateConfig {
 // state_kernel.cu; its persistent form (8x1 layout, min(N H, sms) blocks; no split): see
 // state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
+// The prep tail's grid (PrepTail): `blocks` blocks, at most what the GPU holds at once; the 8x1
+// state pass with p.ready set goes right after it (launch_state launches it programmatically).
+void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
 // The experimental wgmma state pass (state_wgmma_kernel.cu): records in WgmmaRecord's layout,

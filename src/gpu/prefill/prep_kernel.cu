@@ -11,6 +11,7 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
+#include "gpu/ptx/grid_sync.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -175,20 +176,13 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   }
 }
 
-// kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else ChunkRecord's.
+// The record of one chunk (slot) of head h: `count` tokens (1..16) from token t0 of sequence
+// `seq`. kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else
+// ChunkRecord's. Ends with the block's last reads of `sm` done by this thread only: a caller
+// that goes on to another chunk puts a barrier first.
 template <bool kSoftplus, bool kWgmma>
-__global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
-  const int h = blockIdx.x;
-  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
-  // The persistent state pass that follows in the stream counts its items from zero.
-  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
-  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
-  int64_t seq, t0;
-  int count;
-  locate_slot(p.seqs, slot, seq, t0, count);
-  if (count == 0) return;  // uniform over the block
-
-  __shared__ __align__(128) PrepSmem sm;
+__device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, int64_t slot, int h, int64_t seq,
+                                           int64_t t0, int count) {
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
 
   // Phase 1: the chunk's q, k, g rows into shared memory with 16-byte loads (rows past the
@@ -533,6 +527,81 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   }
 }
 
+// A block per (chunk slot, head), heads fastest.
+template <bool kSoftplus, bool kWgmma>
+__global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
+  const int h = blockIdx.x;
+  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  // The persistent state pass that follows in the stream counts its items from zero.
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
+  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
+  int64_t seq, t0;
+  int count;
+  locate_slot(p.seqs, slot, seq, t0, count);
+  if (count == 0) return;  // uniform over the block
+  __shared__ __align__(128) PrepSmem sm;
+  prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
+}
+
+// The prep tail (PrepTail in kernels.h): the records of slots [first_slot, num_slots) by a grid
+// that fits the GPU at once, launched before the 8x1 state grid, whose blocks stay on the first
+// `sms` multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that
+// the state grid finds them empty. A staying block takes (slot, head) chunks from a counter in
+// the order the chains need them (heads fastest) and publishes each record by its ready flag; it
+// never waits on the state pass.
+template <bool kSoftplus>
+__global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(const PrepParams p) {
+  ptx::griddep_launch_dependents();  // the state grid after this one may start: every block is resident
+  __shared__ __align__(128) PrepSmem sm;
+  __shared__ int64_t next[2];  // the block's next item, by the parity of its turn
+  const PrepTail& t = p.tail;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    const uint32_t id = ptx::sm_id();
+    bool stays = false;
+    if (id < kMaxSmIds) {
+      const unsigned place = atomicAdd(t.sm_blocks + id, 1u);  // this block's place on its multiprocessor
+      unsigned rank;                                            // the multiprocessor's, among those with blocks
+      if (place == 0) {
+        rank = atomicAdd(t.sm_count, 1u);
+        ptx::store_release_gpu(t.sm_rank + id, rank + 1);
+      } else {  // the first block here is resident: it stores the rank at once
+        while ((rank = ptx::load_acquire_gpu(t.sm_rank + id)) == 0) ptx::nanosleep(32);
+        rank -= 1;
+      }
+      stays = rank < static_cast<unsigned>(t.sms) && place < static_cast<unsigned>(t.blocks_per_sm);
+    }
+    next[0] = stays ? static_cast<int64_t>(atomicAdd(t.item_counter, 1ull)) : INT64_MAX;
+  }
+  __syncthreads();
+  const int H = p.num_heads;
+  const int64_t items = (t.num_slots - t.first_slot) * H;
+  int64_t item = next[0];
+  for (int turn = 1; item < items; ++turn) {
+    // Taken now, used after the chunk: the counter's latency hides behind the work.
+    const int64_t after = tid == 0 ? static_cast<int64_t>(atomicAdd(t.item_counter, 1ull)) : 0;
+    const int h = static_cast<int>(item % H);
+    const int64_t slot = t.first_slot + item / H;
+    int64_t seq, t0;
+    int count;
+    locate_slot(p.seqs, slot, seq, t0, count);
+    if (count > 0) {
+      prep_chunk<kSoftplus, false>(p, sm, slot, h, seq, t0, count);
+      ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
+    }
+    __syncthreads();  // every thread's record stores (and its reads of sm) are done
+    if (tid == 0) {
+      if (count > 0) {
+        __threadfence();
+        ptx::store_release_gpu(t.ready + slot * H + h, 1u);
+      }
+      next[turn & 1] = after;
+    }
+    __syncthreads();
+    item = next[turn & 1];
+  }
+}
+
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
@@ -558,6 +627,13 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   kernel<<<grid, kThreads, pad, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
+  const auto kernel = p.softplus_gate ? prep_tail_kernel<true> : prep_tail_kernel<false>;
+  kernel<<<blocks, kThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep tail kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu

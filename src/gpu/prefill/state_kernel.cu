@@ -18,11 +18,19 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
+#include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
 namespace {
 
 using namespace state_pass;
+
+// With a prep tail (StateParams::ready): waits until a chunk's record is written; the proxy fence
+// orders the flag's acquire before the bulk copy's reads of the record.
+__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
+  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
+  ptx::fence_proxy_async_global();
+}
 
 // The identity as the initial state (rows v, columns k): the split pass's A run.
 template <StateOrder O, int kTiles>
@@ -52,6 +60,12 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
 // and checkpoints may be K-major (p.k_major). A kernel of its own: any checkpoint code in or
 // beside the chunk loop of the plain kernel (a check per chunk, or a second copy of the loop)
 // cost P1, P3 and P7 3-8%.
+//
+// kTail: the 8x1 form with a prep tail (PrepTail in kernels.h): launched right after the tail's
+// prep grid, its producer waits on the tail records' ready flags, and the consumers wait for the
+// prep grid to finish before they exit (the work after the call, the next call's zeroing of the
+// flags among it, must find it done). A kernel of its own, so the plain 8x1 kernel stays as
+// measured.
 // Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
@@ -64,9 +78,10 @@ static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLay
                   kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
+  static_assert(!kTail || (VW == 8 && !kSplit && !kServing), "the prep tail runs beside the plain 8x1 pass");
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -86,7 +101,10 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const int vbase = (static_cast<int>(blockIdx.x % kGroups) * VW + vslice) * 16;
 
   const int64_t start = p.slots.start(n);
-  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
+  if (!p.slots.runs(start, p.initial_state != nullptr)) {  // padding: nothing is written for it
+    if constexpr (kTail) ptx::griddep_wait();
+    return;
+  }
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
@@ -121,6 +139,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       // The first lap's waits would return at once; skipping them keeps the 8x1 step loop's
       // schedule as measured (with them ptxas reordered it).
       if (c - c_begin >= kStages) ring.wait_empty(at);
+      if constexpr (kTail) {
+        if (slot0 + c >= p.ready_from) wait_ready(p.ready + (slot0 + c) * H + h);
+      }
       fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
       at.advance();
@@ -183,25 +204,48 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     if (k_major) store_state<kOrder, true>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
     else store_state<kOrder>(acc, p.final_state, p.final_state_f32, final_row0, col0, lane);
   }
+  if constexpr (kTail) ptx::griddep_wait();
 }
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  if constexpr (!kSplit && !kServing) {
+  if constexpr (!kSplit && !kServing && !kTail) {
     if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
+    if constexpr (VW == 8) {
+      if (p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true>(p, stream);
+    }
   }
+  if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 pass runs beside a prep tail");
+  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
   constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;
   static_assert(BLOCKS * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem, "the stages must fit");
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_kernel<VW, KS, BLOCKS, kSplit, kServing>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
-  state_kernel<VW, KS, BLOCKS, kSplit, kServing><<<grid, (VW * KS + 1) * 32, kSmem, stream>>>(p);
+  constexpr int kThreads = (VW * KS + 1) * 32;
+  if constexpr (!kTail) {
+    kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  } else {
+    // Right after the prep tail's grid: programmatic stream serialization lets this grid start
+    // once every tail block has started (each lets it at its start).
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute programmatic[1];
+    programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = programmatic;
+    config.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+    if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
+  }
 }
 
 }  // namespace
