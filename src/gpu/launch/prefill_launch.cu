@@ -145,10 +145,12 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
 // The prep tail's workspace: its chunk counter and multiprocessor count on a 128-byte line, the
 // per-multiprocessor block counts and ranks, then a ready flag per record.
 constexpr size_t kTailCounterBytes = 128;
+constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 // Tail blocks a multiprocessor: the prep kernel's own occupancy (80 registers, 35 KB: six), which
 // it needs for its rate (perf-notes: 1581 / 970 / 787 / 648 / 538 us at P1 with 1 / 2 / 3 / 4 / 6).
+// The grid is six times the multiprocessors; with the softplus gate (96 registers: five fit) the
+// blocks that do not fit at first start on the multiprocessors the others left, and leave too.
 constexpr int kTailBlocksPerSm = 6;
-constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 
 // The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
 // (orders_sequences) the sequence order, [N] int32.
