@@ -139,8 +139,9 @@ struct StateConfig {
 // state_kernel.cu; its persistent form (8x1 layout, min(N H, sms) blocks; no split): see
 // state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
-// The prep tail's grid (PrepTail): `blocks` blocks, at most what the GPU holds at once; the 8x1
-// state pass with p.ready set goes right after it (launch_state launches it programmatically).
+// The prep tail's grid (PrepTail): `blocks` blocks (six a multiprocessor; the ones that do not
+// fit at first start where others left, and leave too); the 8x1 state pass with p.ready set goes
+// right after it (launch_state launches it programmatically).
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
