@@ -543,8 +543,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
 }
 
-// The prep tail (PrepTail in kernels.h): the records of slots [first_slot, num_slots) by a grid
-// that fits the GPU at once, launched before the 8x1 state grid, whose blocks stay on the first
+// The prep tail (PrepTail in kernels.h): the records of slots [first_slot, num_slots) by a grid of
+// six blocks a multiprocessor, launched before the 8x1 state grid, whose blocks stay on the first
 // `sms` multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that
 // the state grid finds them empty. A staying block takes (slot, head) chunks from a counter in
 // the order the chains need them (heads fastest) and publishes each record by its ready flag; it
