@@ -268,6 +268,9 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   int* order = persistent && plan.counter_bytes > kItemCounterBytes
                    ? reinterpret_cast<int*>(after_records + kItemCounterBytes)
                    : nullptr;
+  // The prep tail's ready flags, written by its grid and read by the state grid.
+  auto* tail_ready = plan.tail_sms > 0 ? reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes)
+                                       : nullptr;
   if (p.total_tokens > 0) {
     const ActivationView q = activation_view(p.q, p.q_rows, p, p.K), k = activation_view(p.k, p.k_rows, p, p.K),
                          g = activation_view(p.g, p.g_rows, p, p.K);
@@ -286,7 +289,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                    reinterpret_cast<unsigned*>(after_records + 8),
                    reinterpret_cast<unsigned*>(after_records + kTailCounterBytes),
                    reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + kTailSmBytes),
-                   reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes),
+                   tail_ready,
                    plan.tail_sms,
                    kTailBlocksPerSm};
       launch_prep_tail(prep, kTailBlocksPerSm * plan.multiprocessors, stream);
@@ -320,10 +323,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
-  if (plan.tail_sms > 0) {
-    state.ready = reinterpret_cast<const uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes);
-    state.ready_from = plan.tail_first_slot;
-  }
+  state.ready = tail_ready;
+  state.ready_from = plan.tail_first_slot;
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;
