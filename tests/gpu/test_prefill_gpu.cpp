@@ -451,6 +451,14 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
+// The prep tail at its smallest (69 chunks, the fewest it takes is 64), one call: the form the
+// sanitizers run, since racecheck needs ~16 s a call of the bit-for-bit test above.
+TEST_F(GpuPrefill, SmallPrepTail) {
+  setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+  expect_matches_oracle(packed({1100}, 2, 35));
+  unsetenv("FLASHKDA_STATE_CONFIG");
+}
+
 // Both a plain call and one with a prep tail (8x1, one sequence: a second prep grid beside the
 // state grid, which starts programmatically and waits on ready flags) on a non-default stream and
 // captured into a CUDA graph, replayed twice (the graph zeroes the hand-off again each time).
