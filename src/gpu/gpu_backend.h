@@ -49,6 +49,9 @@ struct PrefillPlan {
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
   int64_t tail_first_slot = 0;
   int tail_sms = 0;
+  // The state pass starts programmatically after the prep grid (StateParams::after_prep;
+  // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
+  bool state_after_prep = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)

@@ -674,6 +674,39 @@ TEST_F(GpuPrefill, SoftplusGateEveryStatePass) {
   }
 }
 
+// The state pass starts programmatically after the prep grid (its producer waits for that grid
+// before the first record; 16 heads: enough blocks that 4x1 and 2x2 take it too);
+// FLASHKDA_STATE_PDL=0 launches it plainly. The two agree bit for bit, twice in a row (the second
+// call's prep must not overtake the first call's state pass).
+TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
+  const std::vector<std::pair<const char*, const char*>> forms = {
+      {"FLASHKDA_STATE_CONFIG", "8x1"}, {"FLASHKDA_STATE_CONFIG", "4x1"}, {"FLASHKDA_STATE_CONFIG", "2x2"},
+      {"FLASHKDA_STATE_CONFIG", "1x4"}, {"FLASHKDA_SPLIT", "1"},          {"FLASHKDA_PERSISTENT", "1"}};
+  for (const auto& [variable, value] : forms) {
+    setenv(variable, value, 1);
+    setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);
+    SCOPED_TRACE(std::string(variable) + "=" + value);
+    const bool split = std::string(variable) == "FLASHKDA_SPLIT";  // one sequence only
+    RandomProblem host(packed(split ? std::vector<int64_t>{1000} : std::vector<int64_t>{300, 0, 17, 1, 64}, 16, 36));
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_STATE_PDL", "0", 1);
+    dev.poison_outputs();
+    dev.run();
+    const std::vector<uint16_t> out = dev.out();
+    const std::vector<uint8_t> state = dev.final_state();
+    unsetenv("FLASHKDA_STATE_PDL");
+    for (int run = 0; run < 2; ++run) {
+      dev.poison_outputs();
+      dev.run();
+      EXPECT_TRUE(dev.out() == out) << "out differs, run " << run;
+      EXPECT_TRUE(dev.final_state() == state) << "final state differs, run " << run;
+    }
+    expect_matches_oracle(host);
+    unsetenv(variable);
+    unsetenv("FLASHKDA_CUDA_KERNELS");
+  }
+}
+
 // What the chunked prefill does not implement (per-token states; strided views its loads cannot
 // take) runs on the recurrent kernel; forced onto the chunked kernels (FLASHKDA_CUDA_KERNELS=
 // chunked), such a call is refused by name, before any kernel runs.

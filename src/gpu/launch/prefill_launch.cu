@@ -200,6 +200,21 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
                     static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
 }
 
+// Whether the state grid starts programmatically after the prep grid (StateParams::after_prep):
+// its launch and set-up then overlap the prep grid's last blocks. Measured on the H200 (same
+// binary, two runs each, FLASHKDA_STATE_PDL=0 against 1): P7 1.136 -> 1.126, P8 1.216 -> 1.204,
+// P9 0.3805 -> 0.3783, P3, P5, P6 -0.2 to -0.35%, P2 unchanged. Not where a layout of two blocks a
+// multiprocessor has fewer blocks than multiprocessors (4x1 at P4, P10: 128 blocks): a plain
+// launch gives each block a multiprocessor of its own, while blocks that start as the prep grid
+// drains pack two a multiprocessor onto the first ones it frees (P4 0.727 -> 0.734, P10 1.456
+// -> 1.478). Not with a prep tail either: that state grid follows the tail's grid (kTail).
+bool starts_after_prep(const Problem& p, const PrefillPlan& plan) {
+  if (p.total_tokens == 0 || plan.tail_sms > 0 || forced_switch("FLASHKDA_STATE_PDL") == 0) return false;
+  if (plan.pass != PrefillPlan::Pass::kPerItem) return true;
+  const bool two_a_multiprocessor = plan.value_slices == 4 || plan.value_slices == 2;  // launch_state: 4x1, 2x2
+  return !two_a_multiprocessor || p.N * p.H * (8 / plan.value_slices) > plan.multiprocessors;
+}
+
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
 // forces it, and only where it applies (V-major states, no checkpoints); nothing chooses it yet.
 bool use_wgmma(const Problem& p) {
@@ -246,6 +261,7 @@ PrefillPlan plan_prefill(const Problem& p) {
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   plan_tail(p, c, plan);
+  plan.state_after_prep = starts_after_prep(p, plan);
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -310,6 +326,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     checkpoint_table(p),
                     p.out};
   state.k_major = p.state_layout == StateLayout::kKV;
+  state.after_prep = plan.state_after_prep;
   if (plan.pass == PrefillPlan::Pass::kWgmma) {
     launch_state_wgmma(state, stream);
     return;

@@ -105,6 +105,10 @@ struct StateParams {
   // records, slots from ready_from on; nullptr: every record was written before this grid.
   const uint32_t* ready = nullptr;
   int64_t ready_from = 0;
+  // Launched programmatically right after the prep grid (launch_kernel, programmatic_launch.h):
+  // the grid may start while the prep grid's last blocks run; what reads the records, the item
+  // counter or the order waits for it first (griddepcontrol.wait, a no-op otherwise).
+  bool after_prep = false;
 };
 
 // Y = Z + X M (or X M^T) for rows of per-head [rows, 128] X, Z, Y and a per-head [128, 128] M;

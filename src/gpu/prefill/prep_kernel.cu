@@ -530,6 +530,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 // A block per (chunk slot, head), heads fastest.
 template <bool kSoftplus, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
+  // The state grid launched after this one programmatically (StateParams::after_prep) may start
+  // once every block has started: its blocks then take the multiprocessors the last ones leave.
+  ptx::griddep_launch_dependents();
   const int h = blockIdx.x;
   const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
   // The persistent state pass that follows in the stream counts its items from zero.

@@ -16,6 +16,7 @@
 
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
+#include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/ptx/grid_sync.cuh"
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
 
   const int64_t start = p.slots.start(n);
   if (!p.slots.runs(start, p.initial_state != nullptr)) {  // padding: nothing is written for it
-    if constexpr (kTail) ptx::griddep_wait();
+    ptx::griddep_wait();  // a grid whose blocks all leave here still ends after the one before it
     return;
   }
   int64_t bos, eos;
@@ -132,6 +133,9 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   };
   if (warp == kWarps) {  // producer
     if (lane != 0) return;
+    // After the prep grid (p.after_prep): its records are complete from here on. The tail's
+    // records are waited for one by one below instead.
+    if constexpr (!kTail) ptx::griddep_wait();
     typename StageRing<kStages>::Cursor at;
     // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
     const bool zero_v = a_run;
@@ -228,24 +232,9 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   const int64_t blocks = p.seqs.num_seqs * p.num_heads * (8 / VW);
   const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1);
   constexpr int kThreads = (VW * KS + 1) * 32;
-  if constexpr (!kTail) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(p);
-  } else {
-    // Right after the prep tail's grid: programmatic stream serialization lets this grid start
-    // once every tail block has started (each lets it at its start).
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    cudaLaunchAttribute programmatic[1];
-    programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    programmatic[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = programmatic;
-    config.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
-    if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
-  }
+  // The tail's state grid starts programmatically after the tail grid (each tail block lets it
+  // at its start), the others after the prep grid where p.after_prep says it ran just before.
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, kTail || p.after_prep, p, "state kernel");
 }
 
 }  // namespace
@@ -275,8 +264,6 @@ void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream)
   else
     fail(ErrorCode::kInternal, "state kernel: unsupported configuration ", config.value_slices, " x ",
          config.key_parts);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "state kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu

@@ -14,9 +14,11 @@
 
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
+#include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
+#include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -155,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 
   if (warp == kWarps) {  // producer: lane 0 fetches items, stages each one's state and fills the stages
     if (lane != 0) return;
+    ptx::griddep_wait();  // after the prep grid (p.after_prep): the counter, the order and the records
     typename Ring::Cursor at;
     StageRing<1>::Cursor item_at;
     // Looks an item up: the k-th item taken is (sequence seq_order[k / H] or k / H, head k % H),
@@ -285,9 +288,8 @@ void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream)
   const int64_t items = p.seqs.num_seqs * p.num_heads;
   const int64_t blocks = items < sms ? items : sms;  // one block per multiprocessor (shared memory)
   if (blocks == 0) return;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "persistent state kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, p.after_prep, p,
+                "persistent state kernel");
 }
 
 }  // namespace flashkda::gpu
