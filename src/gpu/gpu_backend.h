@@ -45,6 +45,7 @@ struct PrefillPlan {
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
+  int prep_heads_per_block = 1;  // FLASHKDA_PREP_HEADS (PrepParams::heads_per_block, an experiment)
   // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
   int64_t tail_first_slot = 0;

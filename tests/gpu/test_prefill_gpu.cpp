@@ -707,6 +707,48 @@ TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
   }
 }
 
+// Prep blocks that run 2 to 4 heads of a slot (FLASHKDA_PREP_HEADS, an experiment) write the same
+// records as one head a block: bit for bit on the per-item and persistent passes, both gates, 5
+// heads (a last block with fewer), and with a prep tail (its first prep grid takes them).
+TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
+  struct Form {
+    const char* variable;
+    const char* value;
+    std::vector<int64_t> lens;
+    int64_t heads;
+  };
+  const std::vector<Form> forms = {{"FLASHKDA_PERSISTENT", "0", {300, 0, 17, 1, 64}, 5},
+                                   {"FLASHKDA_PERSISTENT", "1", {300, 0, 17, 1, 64}, 5},
+                                   {"FLASHKDA_STATE_CONFIG", "8x1", {1100}, 5}};  // a prep tail
+  for (const Form& form : forms) {
+    for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
+      SCOPED_TRACE(std::string(form.variable) + "=" + form.value + (gate == Gate::kSoftplus ? ", softplus" : ", safe"));
+      setenv(form.variable, form.value, 1);
+      setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);
+      ProblemSpec spec = packed(form.lens, form.heads, 37);
+      spec.gate = gate;
+      RandomProblem host(spec);
+      if (gate == Gate::kSoftplus) kimi_softplus(host, 38);
+      DeviceProblem dev(host);
+      dev.poison_outputs();
+      dev.run();
+      const std::vector<uint16_t> out = dev.out();
+      const std::vector<uint8_t> state = dev.final_state();
+      for (const char* heads : {"2", "3", "4"}) {
+        setenv("FLASHKDA_PREP_HEADS", heads, 1);
+        dev.poison_outputs();
+        dev.run();
+        EXPECT_TRUE(dev.out() == out) << heads << " heads a prep block: out differs";
+        EXPECT_TRUE(dev.final_state() == state) << heads << " heads a prep block: final state differs";
+      }
+      unsetenv("FLASHKDA_PREP_HEADS");
+      expect_matches_oracle(host);
+      unsetenv(form.variable);
+      unsetenv("FLASHKDA_CUDA_KERNELS");
+    }
+  }
+}
+
 // What the chunked prefill does not implement (per-token states; strided views its loads cannot
 // take) runs on the recurrent kernel; forced onto the chunked kernels (FLASHKDA_CUDA_KERNELS=
 // chunked), such a call is refused by name, before any kernel runs.

@@ -258,6 +258,12 @@ PrefillPlan plan_prefill(const Problem& p) {
         plan.prep_blocks_per_sm > 6)
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
+  if (const char* forced = std::getenv("FLASHKDA_PREP_HEADS")) {
+    if (std::sscanf(forced, "%d", &plan.prep_heads_per_block) != 1 || plan.prep_heads_per_block < 1 ||
+        plan.prep_heads_per_block > kMaxPrepHeadsPerBlock)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_HEADS: expected 1 to ", kMaxPrepHeadsPerBlock, ", got '", forced,
+           "'");
+  }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   plan_tail(p, c, plan);
@@ -295,6 +301,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
+    prep.heads_per_block = plan.prep_heads_per_block;
     if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
       const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
