@@ -2,13 +2,17 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
 #                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
+#   ab step (not a default one): AB_VARIANTS="default FLASHKDA_PREP_HEADS=2 FLASHKDA_PREP_HEADS=4,FLASHKDA_X=1"
+#                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved),
+#                ab-<variant>-<round>.json, and a table of medians (scripts/ab_table.py); mind the
+#                8 files ($OUT holds variants x rounds of them)
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
 #                without build isolation: the GPU machine has no index to fetch the build
 #                requirements from; they are installed there), records the link of the
@@ -111,6 +115,22 @@ for step in $steps; do
       run_step "flashkda bench (repeat)" "$summary" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench-repeat.json" ${BENCH_ARGS:-}
       python3 scripts/bench_report.py --plot "$OUT/h200.png" "$OUT/bench.json" "$OUT/bench-repeat.json" >"$OUT/h200.md" || status=1
       cat "$OUT/h200.md" >>"$summary"
+      ;;
+    ab)  # launcher switches against each other in one binary: AB_RUNS rounds, each variant once a round
+      # AB_VARIANTS: space-separated variants, each `default` or comma-joined VAR=VALUE settings
+      read -r -a variants <<<"${AB_VARIANTS:-default FLASHKDA_STATE_PDL=0}"
+      ab_files=()
+      for run in $(seq 1 "${AB_RUNS:-2}"); do
+        for i in "${!variants[@]}"; do
+          v=${variants[$i]}
+          settings=()
+          [ "$v" != default ] && IFS=, read -r -a settings <<<"$v"
+          run_step "ab $v (run $run)" "$summary" "${BENCH_LIMIT:-400}" env "${settings[@]}" "$CLI_BIN" bench \
+            --case "${AB_CASES:-P1,P3,P9}" --oracle-heads 0 --json "$OUT/ab-$i-$run.json"
+          ab_files+=("$v=$OUT/ab-$i-$run.json")
+        done
+      done
+      python3 scripts/ab_table.py "${ab_files[@]}" | tee -a "$summary" || status=1
       ;;
     wgmma)  # the experimental wgmma state pass against the default passes, same cases, one run each
       for mode in default wgmma; do
