@@ -589,6 +589,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
   __shared__ __align__(128) PrepSmem sm;
   __shared__ int64_t next[2];  // the block's next item, by the parity of its turn
   const PrepTail& t = p.tail;
+  const ItemScheduler chunks{t.item_counter};  // counter-only: every chunk from it (blocks may leave)
   const int tid = threadIdx.x;
   if (tid == 0) {
     const uint32_t id = ptx::sm_id();
@@ -605,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
       }
       stays = rank < static_cast<unsigned>(t.sms) && place < static_cast<unsigned>(t.blocks_per_sm);
     }
-    next[0] = stays ? static_cast<int64_t>(atomicAdd(t.item_counter, 1ull)) : INT64_MAX;
+    next[0] = stays ? chunks.take() : INT64_MAX;
   }
   __syncthreads();
   const int H = p.num_heads;
@@ -613,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
   int64_t item = next[0];
   for (int turn = 1; item < items; ++turn) {
     // Taken now, used after the chunk: the counter's latency hides behind the work.
-    const int64_t after = tid == 0 ? static_cast<int64_t>(atomicAdd(t.item_counter, 1ull)) : 0;
+    const int64_t after = tid == 0 ? chunks.take() : 0;
     const int h = static_cast<int>(item % H);
     const int64_t slot = t.first_slot + item / H;
     int64_t seq, t0;
