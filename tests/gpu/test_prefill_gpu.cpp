@@ -459,14 +459,26 @@ TEST_F(GpuPrefill, SmallPrepTail) {
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 
-// Both a plain call and one with a prep tail (8x1, one sequence: a second prep grid beside the
-// state grid, which starts programmatically and waits on ready flags) on a non-default stream and
-// captured into a CUDA graph, replayed twice (the graph zeroes the hand-off again each time).
+// A plain call, the persistent pass (started programmatically after the prep grid, which zeroes
+// its item counter) and a call with a prep tail (8x1, one sequence: a second prep grid beside the
+// state grid, which starts programmatically and waits on ready flags), each on a non-default
+// stream and captured into a CUDA graph, replayed twice (the graph zeroes the hand-offs again).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
-  for (const bool tail : {false, true}) {
-    SCOPED_TRACE(tail ? "with a prep tail" : "plain");
-    if (tail) setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
-    RandomProblem host(tail ? packed({1500}, 6, 22) : packed({100, 33}, 4, 21));
+  struct Form {
+    const char* label;
+    const char* variable;  // the launcher switch it sets, or nullptr
+    const char* value;
+    std::vector<int64_t> lens;
+    int64_t heads;
+  };
+  const std::vector<Form> forms = {
+      {"plain", nullptr, nullptr, {100, 33}, 4},
+      {"persistent, started programmatically after prep", "FLASHKDA_PERSISTENT", "1", {100, 33}, 4},
+      {"with a prep tail", "FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6}};
+  for (const Form& form : forms) {
+    SCOPED_TRACE(form.label);
+    if (form.variable) setenv(form.variable, form.value, 1);
+    RandomProblem host(packed(form.lens, form.heads, 21));
     DeviceProblem dev(host);
     cudaStream_t stream;
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
@@ -497,7 +509,7 @@ TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
     cudaGraphDestroy(graph);
     cudaFree(ws);
     cudaStreamDestroy(stream);
-    unsetenv("FLASHKDA_STATE_CONFIG");
+    if (form.variable) unsetenv(form.variable);
   }
 }
 
