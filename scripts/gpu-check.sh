@@ -2,12 +2,16 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
 #                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
+#                (and dir/record_ring_probe for the ring step)
+#   ring step (not a default one): the record-ring probe (tools/probes/record_ring_probe.cu) under ncu
+#                on P1, P3, P9 shapes, plain workspace and records on an 8 MB ring: kernel times and
+#                DRAM bytes, to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_PREP_HEADS=2 FLASHKDA_PREP_HEADS=4,FLASHKDA_X=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved),
@@ -147,6 +151,20 @@ for step in $steps; do
           "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
         rm -f "$OUT/ncu-$c.csv"
+      done
+      ;;
+    ring)  # tools/probes/record_ring_probe.cu: kernel times and DRAM bytes with the records in the L2
+      probe=$([ -n "${PREBUILT:-}" ] && echo "$PREBUILT/record_ring_probe" || echo "$BUILD/tools/probes/record_ring_probe")
+      for shape in "8192 1 96 P1" "1024 8 96 P3" "128 64 32 P9"; do
+        read -r len seqs heads label <<<"$shape"
+        for mode in plain ring; do
+          run_step "ring probe $label $mode" "$OUT/profile.log" 120 ncu --clock-control none --csv \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            -k regex:"prep_kernel|state_kernel|state_persistent_kernel" --log-file "$OUT/ncu-ring.csv" \
+            "$probe" "$len" "$seqs" "$heads" "$mode" 8 3
+          python3 scripts/kernel_times.py "$label $mode" "$OUT/ncu-ring.csv" | tee -a "$summary"
+          rm -f "$OUT/ncu-ring.csv"
+        done
       done
       ;;
     stalls)  # where one kernel's warps stall, per SASS instruction (ncu's source page, one launch)
