@@ -10,7 +10,7 @@
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #                (and dir/record_ring_probe for the ring step)
 #   ring step (not a default one): the record-ring probe (tools/probes/record_ring_probe.cu) under ncu
-#                on P1, P3, P9 shapes, plain workspace and records on an 8 MB ring: kernel times and
+#                on P1, P3, P9 shapes, plain workspace and records on a 24 MB ring (RING_MB): kernel times and
 #                DRAM bytes, to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_PREP_HEADS=2 FLASHKDA_PREP_HEADS=4,FLASHKDA_X=1"
@@ -161,7 +161,7 @@ for step in $steps; do
           run_step "ring probe $label $mode" "$OUT/profile.log" 120 ncu --clock-control none --csv \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
             -k regex:"prep_kernel|state_kernel|state_persistent_kernel" --log-file "$OUT/ncu-ring.csv" \
-            "$probe" "$len" "$seqs" "$heads" "$mode" 8 3
+            "$probe" "$len" "$seqs" "$heads" "$mode" "${RING_MB:-24}" 3
           python3 scripts/kernel_times.py "$label $mode" "$OUT/ncu-ring.csv" | tee -a "$summary"
           rm -f "$OUT/ncu-ring.csv"
         done
