@@ -10,7 +10,7 @@
 //   ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum \
 //       -k regex:"prep_kernel|state" build/tools/probes/record_ring_probe 1024 8 96 ring
 //
-//   record_ring_probe <tokens a sequence> <sequences> <heads> [both|plain|ring] [ring MB, 8] [calls, 20]
+//   record_ring_probe <tokens a sequence> <sequences> <heads> [both|plain|ring] [ring MB, 24] [calls, 20]
 //
 // Prints the median time of a call (CUDA events) with a plain workspace and / or with the ring.
 // It turns the prep tail off (its ready flags follow the records and must not alias) and the
@@ -154,7 +154,7 @@ float median_call_ms(const flashkda::ForwardArgs& args, void* workspace, size_t 
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s <tokens a sequence> <sequences> <heads> [both|plain|ring] [ring MB, 8] [calls, 20]\n",
+    std::fprintf(stderr, "usage: %s <tokens a sequence> <sequences> <heads> [both|plain|ring] [ring MB, 24] [calls, 20]\n",
                  argv[0]);
     return 2;
   }
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     using flashkda::make_tensor;
     const int64_t len = std::atoll(argv[1]), N = std::atoll(argv[2]), H = std::atoll(argv[3]);
     const std::string mode = argc > 4 ? argv[4] : "both";
-    const size_t ring_mb = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 8;
+    const size_t ring_mb = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 24;
     const int calls = argc > 6 ? std::atoi(argv[6]) : 20;
     if (mode != "both" && mode != "plain" && mode != "ring") throw std::runtime_error("mode: both, plain or ring");
     if (len < 1 || N < 1 || H < 1 || ring_mb < 1 || calls < 1) throw std::runtime_error("sizes must be positive");
