@@ -43,6 +43,9 @@ struct PrefillPlan {
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
+  // kSplit: the segment states chained in one launch (StitchChain, FLASHKDA_STITCH_CHAIN=1: an
+  // experiment, not yet measured), else one launch a step
+  bool stitch_chain_launch = false;
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   int prep_heads_per_block = 1;  // FLASHKDA_PREP_HEADS (PrepParams::heads_per_block, an experiment)

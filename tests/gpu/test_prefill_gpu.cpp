@@ -761,6 +761,49 @@ TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
   }
 }
 
+// The split pass's segment states chained in one launch (StitchChain, FLASHKDA_STITCH_CHAIN=1)
+// give the results of one launch a step bit for bit: 2 to 8 segments, a bf16, an fp32 or no final
+// state (the chain then stops a step early), then against the oracle.
+TEST_F(GpuPrefill, StitchChainInOneLaunchMatchesALaunchAStepBitForBit) {
+  setenv("FLASHKDA_SPLIT", "1", 1);
+  for (const char* segments : {"2", "3", "5", "8"}) {
+    for (const int final_form : {0, 1, 2}) {  // bf16, fp32, none
+      SCOPED_TRACE(std::string(segments) + " segments, final state " +
+                   (final_form == 0 ? "bf16" : final_form == 1 ? "fp32" : "none"));
+      setenv("FLASHKDA_SPLIT_SEGMENTS", segments, 1);
+      ProblemSpec spec = packed({2000}, 3, 39);
+      spec.final_state = final_form != 2;
+      spec.final_dtype = final_form == 1 ? DType::kF32 : DType::kBF16;
+      RandomProblem host(spec);
+      DeviceProblem dev(host);
+      dev.poison_outputs();
+      dev.run();
+      const std::vector<uint16_t> out = dev.out();
+      const std::vector<uint8_t> state = dev.final_state();
+      setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
+      dev.poison_outputs();
+      dev.run();
+      EXPECT_TRUE(dev.out() == out) << "out differs";
+      EXPECT_TRUE(dev.final_state() == state) << "final state differs";
+      if (final_form != 0) expect_matches_oracle(host);
+      unsetenv("FLASHKDA_STITCH_CHAIN");
+    }
+  }
+  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  unsetenv("FLASHKDA_SPLIT");
+}
+
+// The chained stitch at a size the sanitizers run: three segments, one call against the oracle.
+TEST_F(GpuPrefill, SmallStitchChain) {
+  setenv("FLASHKDA_SPLIT", "1", 1);
+  setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
+  setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
+  expect_matches_oracle(packed({600}, 2, 40));
+  unsetenv("FLASHKDA_STITCH_CHAIN");
+  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  unsetenv("FLASHKDA_SPLIT");
+}
+
 // What the chunked prefill does not implement (per-token states; strided views its loads cannot
 // take) runs on the recurrent kernel; forced onto the chunked kernels (FLASHKDA_CUDA_KERNELS=
 // chunked), such a call is refused by name, before any kernel runs.

@@ -268,6 +268,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
+  plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") == 1;  // not the default until measured
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -368,9 +369,14 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   launch_state(state, config, stream);
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
-  for (int s = 1; s < S; ++s) {
+  const int chain_steps = p.final_state ? S - 1 : S - 2;
+  if (plan.stitch_chain_launch && chain_steps > 0) {
+    const StitchChain chain{boundary, a_t, b_t, p.final_state, p.final_state_dtype == DType::kF32, S, chain_steps,
+                            state_elems};
+    launch_stitch_chain(chain, H, stream);
+  }
+  for (int s = 1; s <= chain_steps && !plan.stitch_chain_launch; ++s) {  // one launch a step
     const bool last = s == S - 1;
-    if (last && !p.final_state) break;
     StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
                        last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
                        last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,

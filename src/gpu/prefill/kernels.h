@@ -137,6 +137,21 @@ struct StitchParams {
   SequenceTable seqs;
 };
 
+// The chain of the split pass's segment states in one launch (stitch_kernel.cu):
+//   S_s^T = B_s^T + S_{s-1}^T A_s^T   for s = 1 .. steps, from S_0^T in boundary,
+// S_1^T .. S_{S-2}^T into boundary and S_{S-1} into final_state (bf16 or fp32) where it is given.
+// All buffers [.., H, 128, 128] fp32, segment_stride elements apart (N = 1).
+struct StitchChain {
+  float* boundary;          // [S - 1] S_s^T at the end of segments 0 .. S-2 (S_0^T read, the rest written)
+  const float* a_t;         // [S - 1] A_s^T of segments 1 .. S-1 (index s - 1)
+  const float* b_t;         // [S - 1] B_s^T of segments 1 .. S-1
+  void* final_state;        // [1, H, 128, 128], or nullptr: the chain stops at S_{S-2}
+  bool final_f32;
+  int segments;             // S
+  int steps;                // S - 1 with a final state, else S - 2
+  int64_t segment_stride;   // elements between two segments' buffers
+};
+
 // How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
 // head, each slice split over `key_parts` warps by key channels. Supported: 8x1, 4x1, 2x2, 1x4.
 struct StateConfig {
@@ -159,5 +174,7 @@ void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream)
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream);
 // grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);
+// StitchChain: a block per 64 rows of each head's S^T, every step in one launch (p.steps >= 1).
+void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

@@ -44,6 +44,112 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(x - h);
 }
 
+constexpr int kNTiles = kHeadDim / 8 / 2;  // n-tiles of one warp
+
+// Loads as float4 v of thread tid at tid + v kThreads: M's [128][128] and the 64 rows of X.
+constexpr int kMVectors = kHeadDim * kHeadDim / 4 / kThreads, kXVectors = kRows * kHeadDim / 4 / kThreads;
+constexpr int kRowVectors = kHeadDim / 4;
+
+__device__ __forceinline__ void load_m(const float* m, float4 (&mv)[kMVectors], int tid) {
+#pragma unroll
+  for (int v = 0; v < kMVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
+}
+
+// Rows row0 .. row0 + 63 of X (zeros from row_end on).
+__device__ __forceinline__ void load_x_rows(const float* x, int64_t row_stride, int64_t row0, int64_t row_end,
+                                            float4 (&xv)[kXVectors], int tid) {
+#pragma unroll
+  for (int v = 0; v < kXVectors; ++v) {
+    const int i = tid + v * kThreads;
+    const int64_t row = row0 + i / kRowVectors;
+    xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * row_stride + 4 * (i % kRowVectors))
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+template <int kMStride>
+__device__ __forceinline__ void store_m(const float4 (&mv)[kMVectors], float (*m_tile)[kMStride], int tid) {
+#pragma unroll
+  for (int v = 0; v < kMVectors; ++v) {
+    const int i = tid + v * kThreads;
+    *reinterpret_cast<float4*>(&m_tile[i / kRowVectors][4 * (i % kRowVectors)]) = mv[v];
+  }
+}
+
+__device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors], float (&x)[kRows][kPairStride], int tid) {
+#pragma unroll
+  for (int v = 0; v < kXVectors; ++v) {
+    const int i = tid + v * kThreads;
+    *reinterpret_cast<float4*>(&x[i / kRowVectors][4 * (i % kRowVectors)]) = xv[v];
+  }
+}
+
+// acc = X M (3xTF32) for the block's 64 rows in x: warp w takes rows 16 (w / 2) .. +15 and the
+// n-tiles of half w % 2. m_tile: M^T [n][k] (kTransposed) or M [k][n].
+template <int kMStride, bool kTransposed>
+__device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStride], const float (*m_tile)[kMStride],
+                                              int warp, int lane, float (&acc)[kNTiles][4]) {
+  // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 2
+  for (int k0 = 0; k0 < kHeadDim; k0 += 8) {
+    const float2 top = load2(&x[r0 + g][k0 + 2 * t4]);
+    const float2 bottom = load2(&x[r0 + g + 8][k0 + 2 * t4]);
+    uint32_t a_hi[4], a_lo[4];
+    split_tf32(top.x, a_hi[0], a_lo[0]);
+    split_tf32(bottom.x, a_hi[1], a_lo[1]);
+    split_tf32(top.y, a_hi[2], a_lo[2]);
+    split_tf32(bottom.y, a_hi[3], a_lo[3]);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      const int n = 8 * (nt0 + j) + g;
+      const float2 b = kTransposed ? load2(&m_tile[n][k0 + 2 * t4])
+                                   : make_float2(m_tile[k0 + 2 * t4][n], m_tile[k0 + 2 * t4 + 1][n]);
+      uint32_t b_hi[2], b_lo[2];
+      split_tf32(b.x, b_hi[0], b_lo[0]);
+      split_tf32(b.y, b_hi[1], b_lo[1]);
+      ptx::mma_tf32_1688(acc[j], a_lo, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
+      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_lo[0]), __uint_as_float(b_lo[1]));
+      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
+    }
+  }
+}
+
+// Y = acc + Z on the block's rows in [row_begin, row_end) (row0 is its first), as bf16 or fp32:
+// C fragments, acc[j][0..1] row g, columns 8 (nt0 + j) + 2 t4 (+1); acc[j][2..3] row g + 8.
+// z: the head's Z; y_head: the head's offset in Y. Returns, through `keep`, each value stored
+// (the chain keeps its rows for the next step).
+template <typename Keep>
+__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], const float* z, void* y, bool y_f32,
+                                           int64_t row_stride, int64_t y_head, int64_t row0, int64_t row_begin,
+                                           int64_t row_end, int warp, int lane, Keep&& keep) {
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + r0 + g + 8 * half;
+    if (row < row_begin || row >= row_end) continue;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      const int col = 8 * (nt0 + j) + 2 * t4;
+      const float2 zv = load2(z + row * row_stride + col);
+      const float y0 = acc[j][2 * half] + zv.x, y1 = acc[j][2 * half + 1] + zv.y;
+      const int64_t idx = row * row_stride + y_head + col;
+      if (y_f32) *reinterpret_cast<float2*>(static_cast<float*>(y) + idx) = make_float2(y0, y1);
+      else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(y) + idx) = ptx::pack_bf16x2(y0, y1);
+      keep(r0 + g + 8 * half, col, y0, y1);
+    }
+  }
+}
+__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], const float* z, void* y, bool y_f32,
+                                           int64_t row_stride, int64_t y_head, int64_t row0, int64_t row_begin,
+                                           int64_t row_end, int warp, int lane) {
+  store_rows(acc, z, y, y_f32, row_stride, y_head, row0, row_begin, row_end, warp, lane, [](int, int, float, float) {});
+}
+
 template <bool kTransposed>
 __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams p) {
   constexpr int kMStride = kTransposed ? kPairStride : kWordStride;
@@ -67,74 +173,57 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
 
   // Loads first, all in flight, then the shared-memory stores: one memory latency a block.
   const float* m = p.m + h * p.m_head_stride + (segment > 0 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
-  const float* x = p.x + h * p.head_stride;
-  constexpr int kMVectors = kHeadDim * kHeadDim / 4 / kThreads, kXVectors = kRows * kHeadDim / 4 / kThreads;
-  constexpr int kRowVectors = kHeadDim / 4;
   float4 mv[kMVectors], xv[kXVectors];
-#pragma unroll
-  for (int v = 0; v < kMVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
-#pragma unroll
-  for (int v = 0; v < kXVectors; ++v) {
-    const int i = tid + v * kThreads;
-    const int64_t row = row0 + i / kRowVectors;
-    xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * p.row_stride + 4 * (i % kRowVectors))
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-#pragma unroll
-  for (int v = 0; v < kMVectors; ++v) {
-    const int i = tid + v * kThreads;
-    *reinterpret_cast<float4*>(&m_tile[i / kRowVectors][4 * (i % kRowVectors)]) = mv[v];
-  }
-#pragma unroll
-  for (int v = 0; v < kXVectors; ++v) {
-    const int i = tid + v * kThreads;
-    *reinterpret_cast<float4*>(&sm.x[i / kRowVectors][4 * (i % kRowVectors)]) = xv[v];
-  }
+  load_m(m, mv, tid);
+  load_x_rows(p.x + h * p.head_stride, p.row_stride, row0, row_end, xv, tid);
+  store_m(mv, m_tile, tid);
+  store_x_rows(xv, sm.x, tid);
   __syncthreads();
 
-  // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
-  constexpr int kNTiles = kHeadDim / 8 / 2;  // n-tiles of one warp
-  float acc[kNTiles][4] = {};
-#pragma unroll 2
-  for (int k0 = 0; k0 < kHeadDim; k0 += 8) {
-    const float2 top = load2(&sm.x[r0 + g][k0 + 2 * t4]);
-    const float2 bottom = load2(&sm.x[r0 + g + 8][k0 + 2 * t4]);
-    uint32_t a_hi[4], a_lo[4];
-    split_tf32(top.x, a_hi[0], a_lo[0]);
-    split_tf32(bottom.x, a_hi[1], a_lo[1]);
-    split_tf32(top.y, a_hi[2], a_lo[2]);
-    split_tf32(bottom.y, a_hi[3], a_lo[3]);
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      const int n = 8 * (nt0 + j) + g;
-      const float2 b = kTransposed ? load2(&m_tile[n][k0 + 2 * t4])
-                                   : make_float2(m_tile[k0 + 2 * t4][n], m_tile[k0 + 2 * t4 + 1][n]);
-      uint32_t b_hi[2], b_lo[2];
-      split_tf32(b.x, b_hi[0], b_lo[0]);
-      split_tf32(b.y, b_hi[1], b_lo[1]);
-      ptx::mma_tf32_1688(acc[j], a_lo, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
-      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_lo[0]), __uint_as_float(b_lo[1]));
-      ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
-    }
-  }
+  const int warp = tid >> 5, lane = tid & 31;
+  float acc[kNTiles][4];
+  multiply_rows<kMStride, kTransposed>(sm.x, m_tile, warp, lane, acc);
 
-  // C fragments: acc[j][0..1] row g, columns 8 (nt0 + j) + 2 t4 (+1); acc[j][2..3] row g + 8.
   const float* z = p.z + h * p.head_stride;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + r0 + g + 8 * half;
-    if (row < row_begin || row >= row_end) continue;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      const int col = 8 * (nt0 + j) + 2 * t4;
-      const float2 zv = load2(z + row * p.row_stride + col);
-      const float y0 = acc[j][2 * half] + zv.x, y1 = acc[j][2 * half + 1] + zv.y;
-      const int64_t idx = row * p.row_stride + h * p.head_stride + col;
-      if (p.y_f32) *reinterpret_cast<float2*>(static_cast<float*>(p.y) + idx) = make_float2(y0, y1);
-      else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.y) + idx) = ptx::pack_bf16x2(y0, y1);
-    }
+  store_rows(acc, z, p.y, p.y_f32, p.row_stride, h * p.head_stride, row0, row_begin, row_end, warp, lane);
+}
+
+// The chain of segment states (StitchChain) in one launch: a block per 64 rows of one head's S^T.
+// Row r of S_s^T = B_s^T + S_{s-1}^T A_s^T needs only row r of S_{s-1}^T, so a block runs every
+// step on its own rows, kept in shared memory in fp32 as the boundary buffer holds them (the
+// values one launch a step reads back: the same results bit for bit), and loads the next step's
+// A^T into registers while this step's products run. One launch a step took ~15 us each (ncu at
+// 4036296, P8: 7 steps of 8 blocks).
+__global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchChain p) {
+  constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
+  float(*m_tile)[kWordStride] = reinterpret_cast<float(*)[kWordStride]>(&sm.m[0][0]);  // A_s^T as [k][n]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t head = blockIdx.y * kStateHead, row0 = int64_t{blockIdx.x} * kRows;
+  {
+    float4 mv[kMVectors], xv[kXVectors];
+    load_m(p.a_t + head, mv, tid);
+    load_x_rows(p.boundary + head, kHeadDim, row0, kHeadDim, xv, tid);
+    store_m(mv, m_tile, tid);
+    store_x_rows(xv, sm.x, tid);
+  }
+  __syncthreads();
+  for (int s = 1; s <= p.steps; ++s) {
+    const bool more = s < p.steps;
+    float4 next[kMVectors];
+    if (more) load_m(p.a_t + s * p.segment_stride + head, next, tid);  // A_{s+1}^T, in flight
+    float acc[kNTiles][4];
+    multiply_rows<kWordStride, false>(sm.x, m_tile, warp, lane, acc);
+    __syncthreads();  // every warp is done with this step's rows and A^T
+    const bool to_final = s == p.segments - 1;
+    void* y = to_final ? p.final_state : static_cast<void*>(p.boundary + s * p.segment_stride);
+    store_rows(acc, p.b_t + (s - 1) * p.segment_stride + head, y, to_final ? p.final_f32 : true, kHeadDim, head,
+               row0, 0, kHeadDim, warp, lane, [&](int r, int col, float y0, float y1) {
+                 if (more) *reinterpret_cast<float2*>(&sm.x[r][col]) = make_float2(y0, y1);
+               });
+    if (more) store_m(next, m_tile, tid);
+    __syncthreads();
   }
 }
 
@@ -152,6 +241,18 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
 }
 
 }  // namespace
+
+void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
+  constexpr int kSmem = sizeof(StitchSmem);
+  if (p.steps < 1 || p.steps > p.segments - 1) fail(ErrorCode::kInternal, "stitch chain: ", p.steps, " steps");
+  static PerDeviceOnce raised;
+  raised.run("stitch chain kernel: setting its shared memory size", [] {
+    return cudaFuncSetAttribute(stitch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  stitch_chain_kernel<<<dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), kThreads, kSmem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch chain kernel launch failed: ", cudaGetErrorString(err));
+}
 
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
   if (p.m_transposed) launch_stitch_form<true>(p, heads, stream, segment_launches);
