@@ -761,47 +761,69 @@ TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
   }
 }
 
-// The split pass's segment states chained in one launch (StitchChain, FLASHKDA_STITCH_CHAIN=1)
-// give the results of one launch a step bit for bit: 2 to 8 segments, a bf16, an fp32 or no final
-// state (the chain then stops a step early), then against the oracle.
-TEST_F(GpuPrefill, StitchChainInOneLaunchMatchesALaunchAStepBitForBit) {
+// The split pass's stitch experiments give the results of the default stitch bit for bit: the
+// segment states chained in one launch (FLASHKDA_STITCH_CHAIN=1), the out rows by blocks that keep
+// M across tiles (FLASHKDA_STITCH_ROWS=1), and both. 2 to 8 segments, a bf16, an fp32 or no final
+// state (the chain then stops a step early); a long sequence where the row blocks take several
+// tiles each across (segment, head) boundaries (T = 20000, 4 heads: ~630 tiles on at most one
+// block a multiprocessor); then against the oracle.
+TEST_F(GpuPrefill, StitchExperimentsMatchTheDefaultBitForBit) {
+  struct Case {
+    const char* segments;
+    int64_t tokens, heads;
+    int final_form;  // 0: bf16, 1: fp32, 2: none
+  };
+  std::vector<Case> cases;
+  for (const char* segments : {"2", "3", "5", "8"})
+    for (int final_form = 0; final_form < 3; ++final_form) cases.push_back({segments, 2000, 3, final_form});
+  cases.push_back({"2", 20000, 4, 0});
+  cases.push_back({"3", 20000, 4, 1});
+  const std::vector<std::vector<const char*>> variants = {
+      {"FLASHKDA_STITCH_CHAIN"}, {"FLASHKDA_STITCH_ROWS"}, {"FLASHKDA_STITCH_CHAIN", "FLASHKDA_STITCH_ROWS"}};
   setenv("FLASHKDA_SPLIT", "1", 1);
-  for (const char* segments : {"2", "3", "5", "8"}) {
-    for (const int final_form : {0, 1, 2}) {  // bf16, fp32, none
-      SCOPED_TRACE(std::string(segments) + " segments, final state " +
-                   (final_form == 0 ? "bf16" : final_form == 1 ? "fp32" : "none"));
-      setenv("FLASHKDA_SPLIT_SEGMENTS", segments, 1);
-      ProblemSpec spec = packed({2000}, 3, 39);
-      spec.final_state = final_form != 2;
-      spec.final_dtype = final_form == 1 ? DType::kF32 : DType::kBF16;
-      RandomProblem host(spec);
-      DeviceProblem dev(host);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.segments) + " segments, T = " + std::to_string(c.tokens) + ", final state " +
+                 (c.final_form == 0 ? "bf16" : c.final_form == 1 ? "fp32" : "none"));
+    setenv("FLASHKDA_SPLIT_SEGMENTS", c.segments, 1);
+    ProblemSpec spec = packed({c.tokens}, c.heads, 39);
+    spec.final_state = c.final_form != 2;
+    spec.final_dtype = c.final_form == 1 ? DType::kF32 : DType::kBF16;
+    RandomProblem host(spec);
+    DeviceProblem dev(host);
+    dev.poison_outputs();
+    dev.run();
+    const std::vector<uint16_t> out = dev.out();
+    const std::vector<uint8_t> state = dev.final_state();
+    for (const std::vector<const char*>& variant : variants) {
+      std::string name;
+      for (const char* v : variant) setenv(v, "1", 1), name += std::string(v) + "=1 ";
       dev.poison_outputs();
       dev.run();
-      const std::vector<uint16_t> out = dev.out();
-      const std::vector<uint8_t> state = dev.final_state();
+      EXPECT_TRUE(dev.out() == out) << name << "out differs";
+      EXPECT_TRUE(dev.final_state() == state) << name << "final state differs";
+      for (const char* v : variant) unsetenv(v);
+    }
+    if (c.tokens <= 2000 && c.final_form != 0) {
       setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
-      dev.poison_outputs();
-      dev.run();
-      EXPECT_TRUE(dev.out() == out) << "out differs";
-      EXPECT_TRUE(dev.final_state() == state) << "final state differs";
-      if (final_form != 0) expect_matches_oracle(host);
+      setenv("FLASHKDA_STITCH_ROWS", "1", 1);
+      expect_matches_oracle(host);
       unsetenv("FLASHKDA_STITCH_CHAIN");
+      unsetenv("FLASHKDA_STITCH_ROWS");
     }
   }
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");
   unsetenv("FLASHKDA_SPLIT");
 }
 
-// The chained stitch at a size the sanitizers run: three segments, one call against the oracle.
-TEST_F(GpuPrefill, SmallStitchChain) {
+// The stitch experiments at a size the sanitizers run: three segments, one call against the oracle.
+TEST_F(GpuPrefill, SmallStitchExperiments) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
   setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
+  setenv("FLASHKDA_STITCH_ROWS", "1", 1);
   expect_matches_oracle(packed({600}, 2, 40));
-  unsetenv("FLASHKDA_STITCH_CHAIN");
-  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
-  unsetenv("FLASHKDA_SPLIT");
+  for (const char* v : {"FLASHKDA_STITCH_ROWS", "FLASHKDA_STITCH_CHAIN", "FLASHKDA_SPLIT_SEGMENTS", "FLASHKDA_SPLIT"})
+    unsetenv(v);
 }
 
 // What the chunked prefill does not implement (per-token states; strided views its loads cannot

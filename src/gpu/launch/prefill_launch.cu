@@ -269,6 +269,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
   plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") == 1;  // not the default until measured
+  plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") == 1;       // nor this
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -390,7 +391,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     const int64_t segment_rows = (chunks + S - 1) / S * kChunk;
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
                       kHeadDim, kStateHead, 1, S, state_elems, seqs};
-    launch_stitch(rows, H, stream, S - 1);
+    if (plan.stitch_rows_kept) launch_stitch_rows(rows, H, plan.multiprocessors, stream);
+    else launch_stitch(rows, H, stream, S - 1);
   }
 }
 

@@ -174,6 +174,9 @@ void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream)
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream);
 // grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);
+// The out rows of segments 1 .. S-1 (p as for launch_stitch with segment 1, M transposed) by at
+// most `sms` blocks, each keeping its (segment, head)'s M across consecutive row tiles.
+void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream);
 // StitchChain: a block per 64 rows of each head's S^T, every step in one launch (p.steps >= 1).
 void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream);
 

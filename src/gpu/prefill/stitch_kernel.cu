@@ -118,36 +118,60 @@ __device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStrid
   }
 }
 
-// Y = acc + Z on the block's rows in [row_begin, row_end) (row0 is its first), as bf16 or fp32:
-// C fragments, acc[j][0..1] row g, columns 8 (nt0 + j) + 2 t4 (+1); acc[j][2..3] row g + 8.
-// z: the head's Z; y_head: the head's offset in Y. Returns, through `keep`, each value stored
-// (the chain keeps its rows for the next step).
-template <typename Keep>
-__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], const float* z, void* y, bool y_f32,
+// Where a lane's C fragment entries lie in the block's 64 rows: acc[j][2 half + e] is row
+// row(half), column col(j) + e (warp w: rows 16 (w / 2) .. +15, the n-tiles of half w % 2).
+struct FragmentPlace {
+  int r0, nt0, g, t4;
+  __device__ __forceinline__ FragmentPlace(int warp, int lane)
+      : r0(16 * (warp / 2)), nt0(8 * (warp % 2)), g(lane >> 2), t4(lane & 3) {}
+  __device__ __forceinline__ int row(int half) const { return r0 + g + 8 * half; }
+  __device__ __forceinline__ int col(int j) const { return 8 * (nt0 + j) + 2 * t4; }
+};
+
+// Y = acc + Z on the block's rows in [row_begin, row_end) (row0 is its first), as bf16 or fp32.
+// z_at(half, j, row, col): Z's pair at that entry; y_head: the head's offset in Y. keep(r, col,
+// y0, y1) sees each pair stored, r within the block (the chain keeps its rows for the next step).
+template <typename ZAt, typename Keep>
+__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], ZAt&& z_at, void* y, bool y_f32,
                                            int64_t row_stride, int64_t y_head, int64_t row0, int64_t row_begin,
-                                           int64_t row_end, int warp, int lane, Keep&& keep) {
-  const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
+                                           int64_t row_end, FragmentPlace f, Keep&& keep) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + r0 + g + 8 * half;
+    const int64_t row = row0 + f.r0 + f.g + 8 * half;  // row0 + f.row(half), 64-bit adds as stitch_kernel was measured
     if (row < row_begin || row >= row_end) continue;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-      const int col = 8 * (nt0 + j) + 2 * t4;
-      const float2 zv = load2(z + row * row_stride + col);
+      const int col = f.col(j);
+      const float2 zv = z_at(half, j, row, col);
       const float y0 = acc[j][2 * half] + zv.x, y1 = acc[j][2 * half + 1] + zv.y;
       const int64_t idx = row * row_stride + y_head + col;
       if (y_f32) *reinterpret_cast<float2*>(static_cast<float*>(y) + idx) = make_float2(y0, y1);
       else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(y) + idx) = ptx::pack_bf16x2(y0, y1);
-      keep(r0 + g + 8 * half, col, y0, y1);
+      keep(f.row(half), col, y0, y1);
     }
   }
 }
-__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], const float* z, void* y, bool y_f32,
-                                           int64_t row_stride, int64_t y_head, int64_t row0, int64_t row_begin,
-                                           int64_t row_end, int warp, int lane) {
-  store_rows(acc, z, y, y_f32, row_stride, y_head, row0, row_begin, row_end, warp, lane, [](int, int, float, float) {});
+
+// Z's pairs read where they are stored (the head's rows, row_stride apart).
+struct ZFromMemory {
+  const float* z;
+  int64_t row_stride;
+  __device__ __forceinline__ float2 operator()(int, int, int64_t row, int col) const {
+    return load2(z + row * row_stride + col);
+  }
+};
+struct KeepNothing {
+  __device__ __forceinline__ void operator()(int, int, float, float) const {}
+};
+
+// The rows of a segment of sequence 0 (the split pass runs N = 1): [row_begin, row_end).
+__device__ __forceinline__ void segment_rows(const StitchParams& p, int segment, int64_t& row_begin, int64_t& row_end) {
+  int64_t bos, eos;
+  p.seqs.bounds(0, bos, eos);
+  int c_begin, c_end;
+  StateSplit::segment_chunks(static_cast<int>((eos - bos + kChunk - 1) / kChunk), p.segments, segment, c_begin, c_end);
+  row_begin = bos + int64_t{c_begin} * kChunk;
+  row_end = min(bos + int64_t{c_end} * kChunk, eos);
 }
 
 template <bool kTransposed>
@@ -160,13 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
   const int segment = p.segment > 0 ? p.segment + static_cast<int>(blockIdx.z) : 0;
   int64_t row_begin = 0, row_end = p.rows, row0 = int64_t{blockIdx.x} * kRows;
   if (segment > 0) {  // out rows of one segment of sequence 0 (the split pass runs N = 1)
-    int64_t bos, eos;
-    p.seqs.bounds(0, bos, eos);
-    int c_begin, c_end;
-    StateSplit::segment_chunks(static_cast<int>((eos - bos + kChunk - 1) / kChunk), p.segments, segment, c_begin,
-                               c_end);
-    row_begin = bos + int64_t{c_begin} * kChunk;
-    row_end = min(bos + int64_t{c_end} * kChunk, eos);
+    segment_rows(p, segment, row_begin, row_end);
     row0 += row_begin;
   }
   if (row0 >= row_end) return;  // uniform over the block
@@ -184,8 +202,8 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
   float acc[kNTiles][4];
   multiply_rows<kMStride, kTransposed>(sm.x, m_tile, warp, lane, acc);
 
-  const float* z = p.z + h * p.head_stride;
-  store_rows(acc, z, p.y, p.y_f32, p.row_stride, h * p.head_stride, row0, row_begin, row_end, warp, lane);
+  store_rows(acc, ZFromMemory{p.z + h * p.head_stride, p.row_stride}, p.y, p.y_f32, p.row_stride, h * p.head_stride,
+             row0, row_begin, row_end, FragmentPlace(warp, lane), KeepNothing{});
 }
 
 // The chain of segment states (StitchChain) in one launch: a block per 64 rows of one head's S^T.
@@ -218,12 +236,87 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
     __syncthreads();  // every warp is done with this step's rows and A^T
     const bool to_final = s == p.segments - 1;
     void* y = to_final ? p.final_state : static_cast<void*>(p.boundary + s * p.segment_stride);
-    store_rows(acc, p.b_t + (s - 1) * p.segment_stride + head, y, to_final ? p.final_f32 : true, kHeadDim, head,
-               row0, 0, kHeadDim, warp, lane, [&](int r, int col, float y0, float y1) {
+    store_rows(acc, ZFromMemory{p.b_t + (s - 1) * p.segment_stride + head, kHeadDim}, y,
+               to_final ? p.final_f32 : true, kHeadDim, head, row0, 0, kHeadDim, FragmentPlace(warp, lane),
+               [&](int r, int col, float y0, float y1) {
                  if (more) *reinterpret_cast<float2*>(&sm.x[r][col]) = make_float2(y0, y1);
                });
     if (more) store_m(next, m_tile, tid);
     __syncthreads();
+  }
+}
+
+// The out rows of segments 1 .. S-1 (out = out_b + out_a S_{s-1}; StitchParams with segment = 1,
+// M = S_{s-1}^T stored transposed) by a grid of at most one block a multiprocessor. The 64-row
+// tiles of every (segment, head), `tiles_per_group` of them each (an upper bound: the segment's
+// own rows decide), are dealt in order, an even share a block; a block keeps the M of its
+// current (segment, head) in shared memory and loads it again only where its share crosses into
+// the next, and has its next tile's X and this tile's Z in flight while this tile's products run.
+// stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and wait on each load: the
+// rows ran at 1.3 TB/s at P8 (ncu at 4036296, 224 us). The same products and sums, tile for
+// tile: bit for bit stitch_kernel's results.
+__global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchParams p, int H, int64_t tiles_per_group) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
+  float(*m_tile)[kPairStride] = sm.m;  // S_{s-1}^T as M^T [n][k]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
+  const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
+  const FragmentPlace f(warp, lane);
+  // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
+  struct Tile {
+    int64_t group, row0, row_begin, row_end;
+  };
+  auto tile_at = [&](int64_t i) {
+    Tile t;
+    t.group = i / tiles_per_group;
+    segment_rows(p, 1 + static_cast<int>(t.group / H), t.row_begin, t.row_end);
+    t.row0 = t.row_begin + (i % tiles_per_group) * kRows;
+    return t;
+  };
+  int64_t loaded_group = -1;
+  float4 next[kXVectors];
+  bool next_loaded = false;
+  for (int64_t i = begin; i < end; ++i) {
+    const Tile t = tile_at(i);
+    if (t.row0 >= t.row_end) continue;  // past the segment's rows (uniform over the block)
+    const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
+    const float* x = p.x + h * p.head_stride;
+    const float* z = p.z + h * p.head_stride;
+    if (t.group != loaded_group) {  // this (segment, head)'s M, and this tile's X
+      float4 mv[kMVectors], xv[kXVectors];
+      load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
+      load_x_rows(x, p.row_stride, t.row0, t.row_end, xv, tid);
+      __syncthreads();  // the previous tile's readers are done (its trailing barrier covers that too)
+      store_m(mv, m_tile, tid);
+      store_x_rows(xv, sm.x, tid);
+      loaded_group = t.group;
+    } else if (next_loaded) {
+      store_x_rows(next, sm.x, tid);
+    }
+    __syncthreads();
+    // The next tile's X, if it is of this group and has rows.
+    next_loaded = false;
+    if (i + 1 < end) {
+      const Tile u = tile_at(i + 1);
+      if (u.group == t.group && u.row0 < u.row_end) {
+        load_x_rows(x, p.row_stride, u.row0, u.row_end, next, tid);
+        next_loaded = true;
+      }
+    }
+    float2 zv[2][kNTiles];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = t.row0 + f.row(half);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+        zv[half][j] = row < t.row_end ? load2(z + row * p.row_stride + f.col(j)) : make_float2(0.0f, 0.0f);
+    }
+    float acc[kNTiles][4];
+    multiply_rows<kPairStride, true>(sm.x, m_tile, warp, lane, acc);
+    store_rows(acc, [&](int half, int j, int64_t, int) { return zv[half][j]; }, p.y, p.y_f32, p.row_stride,
+               h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
+    __syncthreads();  // every warp is done with this tile's rows before the next tile's land
   }
 }
 
@@ -252,6 +345,23 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
   stitch_chain_kernel<<<dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), kThreads, kSmem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch chain kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
+  constexpr int kSmem = sizeof(StitchSmem);
+  if (p.segment != 1 || !p.m_transposed || p.segments < 2 || sms < 1)
+    fail(ErrorCode::kInternal, "stitch rows: segment ", p.segment, " of ", p.segments);
+  static PerDeviceOnce raised;
+  raised.run("stitch rows kernel: setting its shared memory size", [] {
+    return cudaFuncSetAttribute(stitch_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  const int64_t tiles_per_group = (p.rows + kRows - 1) / kRows;
+  const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
+  const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (216 registers a thread)
+  if (blocks == 0) return;
+  stitch_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, heads, tiles_per_group);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch rows kernel launch failed: ", cudaGetErrorString(err));
 }
 
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
