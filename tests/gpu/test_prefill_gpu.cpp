@@ -761,6 +761,13 @@ TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
   }
 }
 
+// Three heads a prep block at a size the sanitizers run: one call against the oracle.
+TEST_F(GpuPrefill, SmallPrepHeads) {
+  setenv("FLASHKDA_PREP_HEADS", "3", 1);
+  expect_matches_oracle(packed({300, 17, 64}, 5, 41));
+  unsetenv("FLASHKDA_PREP_HEADS");
+}
+
 // The split pass's stitch experiments give the results of the default stitch bit for bit: the
 // segment states chained in one launch (FLASHKDA_STITCH_CHAIN=1), the out rows by blocks that keep
 // M across tiles (FLASHKDA_STITCH_ROWS=1), and both. 2 to 8 segments, a bf16, an fp32 or no final
