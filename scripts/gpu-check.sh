@@ -15,7 +15,8 @@
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_PREP_HEADS=2 FLASHKDA_PREP_HEADS=4,FLASHKDA_X=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved),
-#                a table of medians in the summary and every run's in ab.json (scripts/ab_table.py)
+#                a table of medians in the summary and every run's in ab.json (scripts/ab_table.py);
+#                AB_NAME=x: ab-x.json. Two groups in one device call: the second with KEEP_SUMMARY=1
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
 #                without build isolation: the GPU machine has no index to fetch the build
 #                requirements from; they are installed there), records the link of the
@@ -32,7 +33,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 steps=${*:-build tests sanitize run bench python}
 summary="$OUT/summary.txt"
-: >"$summary"
+[ -n "${KEEP_SUMMARY:-}" ] || : >"$summary"  # KEEP_SUMMARY=1: append (several calls in one run)
 note() { echo "$*" | tee -a "$summary"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>&1 |
@@ -133,7 +134,7 @@ for step in $steps; do
           ab_files+=("$v=$OUT/ab-$i-$run.json")
         done
       done
-      python3 scripts/ab_table.py --json "$OUT/ab.json" "${ab_files[@]}" | tee -a "$summary" || status=1
+      python3 scripts/ab_table.py --json "$OUT/ab${AB_NAME:+-$AB_NAME}.json" "${ab_files[@]}" | tee -a "$summary" || status=1
       for f in "${ab_files[@]}"; do rm -f "${f##*=}"; done  # the medians are in ab.json ($OUT holds 8 files)
       ;;
     wgmma)  # the experimental wgmma state pass against the default passes, same cases, one run each
