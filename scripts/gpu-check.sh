@@ -148,7 +148,7 @@ for step in $steps; do
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
       for c in ${PROFILE_CASES:-P1 P3 P7 P8 P9}; do
         run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-          -k regex:"prep_kernel|state_kernel|state_persistent_kernel|state_wgmma_kernel|stitch_kernel" --log-file "$OUT/ncu-$c.csv" \
+          -k regex:"(prep|state|stitch)_([a-z]+_)?kernel" --log-file "$OUT/ncu-$c.csv" \
           "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
         rm -f "$OUT/ncu-$c.csv"
@@ -161,7 +161,7 @@ for step in $steps; do
         for mode in plain ring; do
           run_step "ring probe $label $mode" "$OUT/profile.log" 120 ncu --clock-control none --csv \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-            -k regex:"prep_kernel|state_kernel|state_persistent_kernel" --log-file "$OUT/ncu-ring.csv" \
+            -k regex:"(prep|state)_([a-z]+_)?kernel" --log-file "$OUT/ncu-ring.csv" \
             "$probe" "$len" "$seqs" "$heads" "$mode" "${RING_MB:-24}" 3
           python3 scripts/kernel_times.py "$label $mode" "$OUT/ncu-ring.csv" | tee -a "$summary"
           rm -f "$OUT/ncu-ring.csv"
