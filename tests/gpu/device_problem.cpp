@@ -76,6 +76,12 @@ void DeviceProblem::poison_outputs() {
   }
 }
 
+DeviceProblem::Outputs DeviceProblem::run_fresh(cudaStream_t stream) {
+  poison_outputs();
+  run(stream);
+  return {out(), final_state()};
+}
+
 void DeviceProblem::run(cudaStream_t stream) {
   const ForwardArgs a = args();
   const size_t need = forward_workspace_size(a);

@@ -29,6 +29,14 @@ class DeviceProblem {
   std::vector<uint16_t> out() const;          // [B*T, H, V] bf16 bits
   std::vector<uint8_t> final_state() const;   // raw bytes, empty when not requested
 
+  // What one call wrote, for comparing calls bit for bit.
+  struct Outputs {
+    std::vector<uint16_t> out;
+    std::vector<uint8_t> final_state;
+  };
+  // poison_outputs(), run(stream), then what the call wrote.
+  Outputs run_fresh(cudaStream_t stream = nullptr);
+
  private:
   void* upload(const void* host, size_t bytes);
   void* alloc_guarded(size_t bytes);

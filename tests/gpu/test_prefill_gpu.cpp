@@ -41,21 +41,32 @@ ProblemSpec packed(std::vector<int64_t> lens, int64_t heads, uint64_t seed) {
   return s;
 }
 
+// Expects a fresh call (outputs poisoned first) to write what `base` holds, bit for bit; `what`
+// names the call in the failure.
+void expect_same_outputs(DeviceProblem& dev, const DeviceProblem::Outputs& base, const std::string& what) {
+  const DeviceProblem::Outputs got = dev.run_fresh();
+  EXPECT_TRUE(got.out == base.out) << what << ": out differs";
+  EXPECT_TRUE(got.final_state == base.final_state) << what << ": final state differs";
+}
+
+// A state-pass form a test forces through a launcher switch, and the packed problem it runs.
+struct SwitchForm {
+  const char* variable;  // the switch (FLASHKDA_*), or nullptr for the launcher's own choice
+  const char* value;
+  std::vector<int64_t> lens;
+  int64_t heads = 3;
+};
+
 void expect_matches_oracle(RandomProblem& host) {
   const ProblemSpec& spec = host.spec();
   SCOPED_TRACE(spec.describe());
   DeviceProblem dev(host);
 
-  dev.poison_outputs();
-  dev.run();
-  const std::vector<uint16_t> out = dev.out();
-  const std::vector<uint8_t> state = dev.final_state();
+  const DeviceProblem::Outputs first = dev.run_fresh();
+  const std::vector<uint16_t>& out = first.out;
+  const std::vector<uint8_t>& state = first.final_state;
   EXPECT_TRUE(dev.guards_intact()) << "bytes behind out or final_state were written";
-
-  dev.poison_outputs();
-  dev.run();
-  EXPECT_TRUE(dev.out() == out) << "two runs differ in out";
-  EXPECT_TRUE(dev.final_state() == state) << "two runs differ in final_state";
+  expect_same_outputs(dev, first, "a second run");
 
   const Problem& p = host.problem();
   std::vector<double> ref_out(host.out_size());
@@ -400,16 +411,10 @@ TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
 TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   RandomProblem host(packed({300, 17, 64}, 3, 23));
   DeviceProblem dev(host);
-  dev.poison_outputs();
-  dev.run();
-  const std::vector<uint16_t> out = dev.out();
-  const std::vector<uint8_t> state = dev.final_state();
+  const DeviceProblem::Outputs base = dev.run_fresh();
   for (const char* n : {"1", "3"}) {
     setenv("FLASHKDA_PREP_BLOCKS_PER_SM", n, 1);
-    dev.poison_outputs();
-    dev.run();
-    EXPECT_TRUE(dev.out() == out) << n << " blocks a multiprocessor: out differs";
-    EXPECT_TRUE(dev.final_state() == state) << n << " blocks a multiprocessor: final state differs";
+    expect_same_outputs(dev, base, std::string(n) + " blocks a multiprocessor");
   }
   unsetenv("FLASHKDA_PREP_BLOCKS_PER_SM");
 }
@@ -428,19 +433,12 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
     if (gate == Gate::kSoftplus) kimi_softplus(host, 34);
     DeviceProblem dev(host);
     setenv("FLASHKDA_PREP_TAIL", "0", 1);
-    dev.poison_outputs();
-    dev.run();
-    const std::vector<uint16_t> out = dev.out();
-    const std::vector<uint8_t> state = dev.final_state();
+    const DeviceProblem::Outputs base = dev.run_fresh();
     unsetenv("FLASHKDA_PREP_TAIL");
     for (const char* share : {"", "0.2"}) {
       if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
-      for (int run = 0; run < 2; ++run) {
-        dev.poison_outputs();
-        dev.run();
-        EXPECT_TRUE(dev.out() == out) << "share '" << share << "': out differs, run " << run;
-        EXPECT_TRUE(dev.final_state() == state) << "share '" << share << "': final state differs, run " << run;
-      }
+      for (int run = 0; run < 2; ++run)
+        expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
       unsetenv("FLASHKDA_PREP_TAIL_SHARE");
     }
     expect_matches_oracle(host);
@@ -464,19 +462,11 @@ TEST_F(GpuPrefill, SmallPrepTail) {
 // state grid, which starts programmatically and waits on ready flags), each on a non-default
 // stream and captured into a CUDA graph, replayed twice (the graph zeroes the hand-offs again).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
-  struct Form {
-    const char* label;
-    const char* variable;  // the launcher switch it sets, or nullptr
-    const char* value;
-    std::vector<int64_t> lens;
-    int64_t heads;
-  };
-  const std::vector<Form> forms = {
-      {"plain", nullptr, nullptr, {100, 33}, 4},
-      {"persistent, started programmatically after prep", "FLASHKDA_PERSISTENT", "1", {100, 33}, 4},
-      {"with a prep tail", "FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6}};
-  for (const Form& form : forms) {
-    SCOPED_TRACE(form.label);
+  const std::vector<SwitchForm> forms = {{nullptr, nullptr, {100, 33}, 4},
+                                         {"FLASHKDA_PERSISTENT", "1", {100, 33}, 4},    // after prep (PDL)
+                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6}};  // a prep tail
+  for (const SwitchForm& form : forms) {
+    SCOPED_TRACE(form.variable ? std::string(form.variable) + "=" + form.value : std::string("the launcher's choice"));
     if (form.variable) setenv(form.variable, form.value, 1);
     RandomProblem host(packed(form.lens, form.heads, 21));
     DeviceProblem dev(host);
@@ -528,10 +518,9 @@ TEST_F(GpuPrefill, NonFiniteInputsPropagateAsInTheOracle) {
         const bool state = which == Input::kInitialState;
         set_input_value(host, which, state ? 1 : 40 + 20, 1, state ? 1000 : 5, value);
         DeviceProblem dev(host);
-        dev.poison_outputs();
-        dev.run();
-        const std::vector<uint16_t> out = dev.out();
-        const std::vector<uint8_t> state_bytes = dev.final_state();
+        const DeviceProblem::Outputs got = dev.run_fresh();
+        const std::vector<uint16_t>& out = got.out;
+        const std::vector<uint8_t>& state_bytes = got.final_state;
         const Problem& p = host.problem();
         std::vector<double> ref_out(host.out_size()), ref_state(host.state_size());
         oracle_forward(p, ref_out.data(), ref_state.data());
@@ -549,20 +538,15 @@ TEST_F(GpuPrefill, NonFiniteInputsPropagateAsInTheOracle) {
 // result of separate buffers bit for bit, on every state-pass form: per-item (two layouts),
 // persistent and split.
 TEST_F(GpuPrefill, ExactAliasesGiveTheSeparateResult) {
-  struct Form {
-    const char* variable;
-    const char* value;
-    std::vector<int64_t> lens;
-  };
-  const Form forms[] = {{"FLASHKDA_STATE_CONFIG", "8x1", {300, 17, 64}},
+  const SwitchForm forms[] = {{"FLASHKDA_STATE_CONFIG", "8x1", {300, 17, 64}},
                         {"FLASHKDA_STATE_CONFIG", "1x4", {300, 17, 64}},
                         {"FLASHKDA_PERSISTENT", "1", {300, 17, 64}},
                         {"FLASHKDA_SPLIT", "1", {1000}},
                         {"FLASHKDA_CUDA_KERNELS", "recurrent", {300, 17, 64}},
                         {"FLASHKDA_CUDA_KERNELS", "recurrent", {1, 4, 0, 2}}};
-  for (const Form& form : forms) {
+  for (const SwitchForm& form : forms) {
     setenv(form.variable, form.value, 1);
-    const ProblemSpec s = packed(form.lens, 3, 610);
+    const ProblemSpec s = packed(form.lens, form.heads, 610);
     RandomProblem host(s);
     DeviceProblem separate(host);
     separate.poison_outputs();
@@ -702,17 +686,9 @@ TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
     RandomProblem host(packed(split ? std::vector<int64_t>{1000} : std::vector<int64_t>{300, 0, 17, 1, 64}, 16, 36));
     DeviceProblem dev(host);
     setenv("FLASHKDA_STATE_PDL", "0", 1);
-    dev.poison_outputs();
-    dev.run();
-    const std::vector<uint16_t> out = dev.out();
-    const std::vector<uint8_t> state = dev.final_state();
+    const DeviceProblem::Outputs base = dev.run_fresh();
     unsetenv("FLASHKDA_STATE_PDL");
-    for (int run = 0; run < 2; ++run) {
-      dev.poison_outputs();
-      dev.run();
-      EXPECT_TRUE(dev.out() == out) << "out differs, run " << run;
-      EXPECT_TRUE(dev.final_state() == state) << "final state differs, run " << run;
-    }
+    for (int run = 0; run < 2; ++run) expect_same_outputs(dev, base, "after prep, run " + std::to_string(run));
     expect_matches_oracle(host);
     unsetenv(variable);
     unsetenv("FLASHKDA_CUDA_KERNELS");
@@ -723,16 +699,10 @@ TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
 // records as one head a block: bit for bit on the per-item and persistent passes, both gates, 5
 // heads (a last block with fewer), and with a prep tail (its first prep grid takes them).
 TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
-  struct Form {
-    const char* variable;
-    const char* value;
-    std::vector<int64_t> lens;
-    int64_t heads;
-  };
-  const std::vector<Form> forms = {{"FLASHKDA_PERSISTENT", "0", {300, 0, 17, 1, 64}, 5},
-                                   {"FLASHKDA_PERSISTENT", "1", {300, 0, 17, 1, 64}, 5},
-                                   {"FLASHKDA_STATE_CONFIG", "8x1", {1100}, 5}};  // a prep tail
-  for (const Form& form : forms) {
+  const std::vector<SwitchForm> forms = {{"FLASHKDA_PERSISTENT", "0", {300, 0, 17, 1, 64}, 5},
+                                         {"FLASHKDA_PERSISTENT", "1", {300, 0, 17, 1, 64}, 5},
+                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1100}, 5}};  // a prep tail
+  for (const SwitchForm& form : forms) {
     for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
       SCOPED_TRACE(std::string(form.variable) + "=" + form.value + (gate == Gate::kSoftplus ? ", softplus" : ", safe"));
       setenv(form.variable, form.value, 1);
@@ -742,16 +712,10 @@ TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
       RandomProblem host(spec);
       if (gate == Gate::kSoftplus) kimi_softplus(host, 38);
       DeviceProblem dev(host);
-      dev.poison_outputs();
-      dev.run();
-      const std::vector<uint16_t> out = dev.out();
-      const std::vector<uint8_t> state = dev.final_state();
+      const DeviceProblem::Outputs base = dev.run_fresh();
       for (const char* heads : {"2", "3", "4"}) {
         setenv("FLASHKDA_PREP_HEADS", heads, 1);
-        dev.poison_outputs();
-        dev.run();
-        EXPECT_TRUE(dev.out() == out) << heads << " heads a prep block: out differs";
-        EXPECT_TRUE(dev.final_state() == state) << heads << " heads a prep block: final state differs";
+        expect_same_outputs(dev, base, std::string(heads) + " heads a prep block");
       }
       unsetenv("FLASHKDA_PREP_HEADS");
       expect_matches_oracle(host);
@@ -797,17 +761,11 @@ TEST_F(GpuPrefill, StitchExperimentsMatchTheDefaultBitForBit) {
     spec.final_dtype = c.final_form == 1 ? DType::kF32 : DType::kBF16;
     RandomProblem host(spec);
     DeviceProblem dev(host);
-    dev.poison_outputs();
-    dev.run();
-    const std::vector<uint16_t> out = dev.out();
-    const std::vector<uint8_t> state = dev.final_state();
+    const DeviceProblem::Outputs base = dev.run_fresh();
     for (const std::vector<const char*>& variant : variants) {
       std::string name;
       for (const char* v : variant) setenv(v, "1", 1), name += std::string(v) + "=1 ";
-      dev.poison_outputs();
-      dev.run();
-      EXPECT_TRUE(dev.out() == out) << name << "out differs";
-      EXPECT_TRUE(dev.final_state() == state) << name << "final state differs";
+      expect_same_outputs(dev, base, name);
       for (const char* v : variant) unsetenv(v);
     }
     if (c.tokens <= 2000 && c.final_form != 0) {
