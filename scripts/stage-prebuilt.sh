@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Copies the GPU binaries of a local build into one folder for `PREBUILT=dir scripts/gpu-check.sh`
+# on a GPU machine (the device tool carries ignored folders named in its `carry`, with .deps/):
+# the GPU test binaries, the flashkda CLI and the probes. Building on the GPU machine instead
+# costs its device time.
+#
+#   scripts/stage-prebuilt.sh [build dir, build] [destination, build-gpu-prebuilt]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+dest=${2:-build-gpu-prebuilt}
+rm -rf "$dest"
+mkdir -p "$dest"
+cp "$build"/tests/gpu/test_*_gpu "$build"/tools/flashkda/flashkda "$dest"/
+[ -x "$build/tools/probes/record_ring_probe" ] && cp "$build/tools/probes/record_ring_probe" "$dest"/
+"$dest/flashkda" --version
+ls "$dest"
