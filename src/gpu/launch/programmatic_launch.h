@@ -3,6 +3,7 @@
 // (griddepcontrol.launch_dependents) as they start: the state grid is then launched while the
 // prep grid's last blocks run, and its blocks set up where those leave room. Whatever reads the
 // prep grid's writes waits for it first (griddepcontrol.wait, ptx/grid_sync.cuh).
+// Without `programmatic`, a plain launch with the same error report (the stitch kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,11 +12,11 @@
 
 namespace flashkda::gpu {
 
-// kernel<<<grid, block, smem, stream>>>(params), programmatically after the grid before it in the
+// kernel<<<grid, block, smem, stream>>>(args...), programmatically after the grid before it in the
 // stream where `programmatic` is set; `what` names the kernel in the error.
-template <typename Params>
-void launch_kernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   bool programmatic, const Params& params, const char* what) {
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   bool programmatic, const char* what, const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -26,7 +27,7 @@ void launch_kernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem, c
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, params);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, what, " launch failed: ", cudaGetErrorString(err));
 }
 

@@ -234,7 +234,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   constexpr int kThreads = (VW * KS + 1) * 32;
   // The tail's state grid starts programmatically after the tail grid (each tail block lets it
   // at its start), the others after the prep grid where p.after_prep says it ran just before.
-  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, kTail || p.after_prep, p, "state kernel");
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, kTail || p.after_prep, "state kernel", p);
 }
 
 }  // namespace

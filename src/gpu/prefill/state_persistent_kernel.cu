@@ -288,8 +288,8 @@ void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream)
   const int64_t items = p.seqs.num_seqs * p.num_heads;
   const int64_t blocks = items < sms ? items : sms;  // one block per multiprocessor (shared memory)
   if (blocks == 0) return;
-  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, p.after_prep, p,
-                "persistent state kernel");
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, p.after_prep,
+                "persistent state kernel", p);
 }
 
 }  // namespace flashkda::gpu

@@ -6,6 +6,7 @@
 
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
+#include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
@@ -342,9 +343,8 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
   raised.run("stitch chain kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  stitch_chain_kernel<<<dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), kThreads, kSmem, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch chain kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem, stream,
+                false, "stitch chain kernel", p);
 }
 
 void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
@@ -359,9 +359,8 @@ void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t 
   const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
   const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (216 registers a thread)
   if (blocks == 0) return;
-  stitch_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, heads, tiles_per_group);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch rows kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(stitch_rows_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
+                "stitch rows kernel", p, heads, tiles_per_group);
 }
 
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
