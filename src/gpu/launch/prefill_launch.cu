@@ -371,18 +371,19 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   const int chain_steps = p.final_state ? S - 1 : S - 2;
-  if (plan.stitch_chain_launch && chain_steps > 0) {
+  if (plan.stitch_chain_launch) {
     const StitchChain chain{boundary, a_t, b_t, p.final_state, p.final_state_dtype == DType::kF32, S, chain_steps,
                             state_elems};
-    launch_stitch_chain(chain, H, stream);
-  }
-  for (int s = 1; s <= chain_steps && !plan.stitch_chain_launch; ++s) {  // one launch a step
-    const bool last = s == S - 1;
-    StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
-                       last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
-                       last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,
-                       kStateHead, 0, S, 0, seqs};
-    launch_stitch(chain, H, stream);
+    if (chain_steps > 0) launch_stitch_chain(chain, H, stream);
+  } else {
+    for (int s = 1; s <= chain_steps; ++s) {  // one launch a step
+      const bool last = s == S - 1;
+      StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
+                         last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
+                         last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,
+                         kStateHead, 0, S, 0, seqs};
+      launch_stitch(chain, H, stream);
+    }
   }
   if (p.total_tokens > 0) {
     // Rows of one segment: at most ceil(chunks / S) chunks (bos = 0 once cu_seqlens is checked;
