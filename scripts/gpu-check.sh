@@ -13,7 +13,7 @@
 #                on P1, P3, P9 shapes, plain workspace and records on a 24 MB ring (RING_MB): kernel times and
 #                DRAM bytes, to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
-#   ab step (not a default one): AB_VARIANTS="default FLASHKDA_PREP_HEADS=2 FLASHKDA_PREP_HEADS=4,FLASHKDA_X=1"
+#   ab step (not a default one): AB_VARIANTS="default FLASHKDA_STATE_PDL=0 FLASHKDA_SPLIT=0,FLASHKDA_PERSISTENT=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved),
 #                a table of medians in the summary and every run's in ab.json (scripts/ab_table.py);
 #                AB_NAME=x: ab-x.json. Two groups in one device call: the second with KEEP_SUMMARY=1
@@ -100,7 +100,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefill.SmallPrepTail:GpuPrefill.SmallStitchExperiments:GpuPrefill.SmallPrepHeads:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
+          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefill.SmallPrepTail:GpuPrefill.SmallStitchExperiments:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/1'
         run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*:PoolForms/GpuDecodePools.*/bf16_VK:PoolForms/GpuDecodePools.*/fp32_KV'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \

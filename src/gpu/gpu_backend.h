@@ -44,14 +44,13 @@ struct PrefillPlan {
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
-  // kSplit: the segment states chained in one launch (StitchChain, FLASHKDA_STITCH_CHAIN=1: an
-  // experiment, not yet measured), else one launch a step
-  bool stitch_chain_launch = false;
+  // kSplit: the segment states chained in one launch (StitchChain; FLASHKDA_STITCH_CHAIN=0: one
+  // launch a step instead)
+  bool stitch_chain_launch = true;
   // kSplit: the out rows by at most a block a multiprocessor keeping M across tiles
-  // (launch_stitch_rows, FLASHKDA_STITCH_ROWS=1: an experiment, not yet measured)
-  bool stitch_rows_kept = false;
+  // (launch_stitch_rows; FLASHKDA_STITCH_ROWS=0: a block a tile instead)
+  bool stitch_rows_kept = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  int prep_heads_per_block = 1;  // FLASHKDA_PREP_HEADS (PrepParams::heads_per_block, an experiment)
   // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
   int64_t tail_first_slot = 0;

@@ -695,46 +695,9 @@ TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
   }
 }
 
-// Prep blocks that run 2 to 4 heads of a slot (FLASHKDA_PREP_HEADS, an experiment) write the same
-// records as one head a block: bit for bit on the per-item and persistent passes, both gates, 5
-// heads (a last block with fewer), and with a prep tail (its first prep grid takes them).
-TEST_F(GpuPrefill, PrepHeadsPerBlockMatchOneHeadBitForBit) {
-  const std::vector<SwitchForm> forms = {{"FLASHKDA_PERSISTENT", "0", {300, 0, 17, 1, 64}, 5},
-                                         {"FLASHKDA_PERSISTENT", "1", {300, 0, 17, 1, 64}, 5},
-                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1100}, 5}};  // a prep tail
-  for (const SwitchForm& form : forms) {
-    for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
-      SCOPED_TRACE(std::string(form.variable) + "=" + form.value + (gate == Gate::kSoftplus ? ", softplus" : ", safe"));
-      setenv(form.variable, form.value, 1);
-      setenv("FLASHKDA_CUDA_KERNELS", "chunked", 1);
-      ProblemSpec spec = packed(form.lens, form.heads, 37);
-      spec.gate = gate;
-      RandomProblem host(spec);
-      if (gate == Gate::kSoftplus) kimi_softplus(host, 38);
-      DeviceProblem dev(host);
-      const DeviceProblem::Outputs base = dev.run_fresh();
-      for (const char* heads : {"2", "3", "4"}) {
-        setenv("FLASHKDA_PREP_HEADS", heads, 1);
-        expect_same_outputs(dev, base, std::string(heads) + " heads a prep block");
-      }
-      unsetenv("FLASHKDA_PREP_HEADS");
-      expect_matches_oracle(host);
-      unsetenv(form.variable);
-      unsetenv("FLASHKDA_CUDA_KERNELS");
-    }
-  }
-}
-
-// Three heads a prep block at a size the sanitizers run: one call against the oracle.
-TEST_F(GpuPrefill, SmallPrepHeads) {
-  setenv("FLASHKDA_PREP_HEADS", "3", 1);
-  expect_matches_oracle(packed({300, 17, 64}, 5, 41));
-  unsetenv("FLASHKDA_PREP_HEADS");
-}
-
-// The split pass's stitch experiments give the results of the default stitch bit for bit: the
-// segment states chained in one launch (FLASHKDA_STITCH_CHAIN=1), the out rows by blocks that keep
-// M across tiles (FLASHKDA_STITCH_ROWS=1), and both. 2 to 8 segments, a bf16, an fp32 or no final
+// The split pass's stitch forms give the same results bit for bit: the segment states chained in
+// one launch (FLASHKDA_STITCH_CHAIN, the default) or a launch a step (=0), the out rows by blocks
+// that keep M across tiles (FLASHKDA_STITCH_ROWS, the default) or a block a tile (=0). 2 to 8 segments, a bf16, an fp32 or no final
 // state (the chain then stops a step early); a long sequence where the row blocks take several
 // tiles each across (segment, head) boundaries (T = 20000, 4 heads: ~630 tiles on at most one
 // block a multiprocessor); then against the oracle.
@@ -759,34 +722,37 @@ TEST_F(GpuPrefill, StitchExperimentsMatchTheDefaultBitForBit) {
     ProblemSpec spec = packed({c.tokens}, c.heads, 39);
     spec.final_state = c.final_form != 2;
     spec.final_dtype = c.final_form == 1 ? DType::kF32 : DType::kBF16;
+    spec.init_dtype = spec.final_dtype;  // the library takes both states in one dtype
     RandomProblem host(spec);
     DeviceProblem dev(host);
+    setenv("FLASHKDA_STITCH_CHAIN", "0", 1);  // the first stitch: a launch a step, a block a tile
+    setenv("FLASHKDA_STITCH_ROWS", "0", 1);
     const DeviceProblem::Outputs base = dev.run_fresh();
     for (const std::vector<const char*>& variant : variants) {
       std::string name;
       for (const char* v : variant) setenv(v, "1", 1), name += std::string(v) + "=1 ";
       expect_same_outputs(dev, base, name);
-      for (const char* v : variant) unsetenv(v);
+      for (const char* v : variant) setenv(v, "0", 1);
     }
-    if (c.tokens <= 2000 && c.final_form != 0) {
-      setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
-      setenv("FLASHKDA_STITCH_ROWS", "1", 1);
-      expect_matches_oracle(host);
-      unsetenv("FLASHKDA_STITCH_CHAIN");
-      unsetenv("FLASHKDA_STITCH_ROWS");
-    }
+    unsetenv("FLASHKDA_STITCH_CHAIN");  // the default: both
+    unsetenv("FLASHKDA_STITCH_ROWS");
+    expect_same_outputs(dev, base, "the default stitch");
+    if (c.tokens <= 2000 && c.final_form != 0) expect_matches_oracle(host);
   }
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");
   unsetenv("FLASHKDA_SPLIT");
 }
 
-// The stitch experiments at a size the sanitizers run: three segments, one call against the oracle.
+// Both stitch forms at a size the sanitizers run: three segments, one call each against the oracle.
 TEST_F(GpuPrefill, SmallStitchExperiments) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
-  setenv("FLASHKDA_STITCH_CHAIN", "1", 1);
-  setenv("FLASHKDA_STITCH_ROWS", "1", 1);
-  expect_matches_oracle(packed({600}, 2, 40));
+  for (const char* form : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form);
+    setenv("FLASHKDA_STITCH_CHAIN", form, 1);
+    setenv("FLASHKDA_STITCH_ROWS", form, 1);
+    expect_matches_oracle(packed({600}, 2, 40));
+  }
   for (const char* v : {"FLASHKDA_STITCH_ROWS", "FLASHKDA_STITCH_CHAIN", "FLASHKDA_SPLIT_SEGMENTS", "FLASHKDA_SPLIT"})
     unsetenv(v);
 }

@@ -258,18 +258,14 @@ PrefillPlan plan_prefill(const Problem& p) {
         plan.prep_blocks_per_sm > 6)
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
-  if (const char* forced = std::getenv("FLASHKDA_PREP_HEADS")) {
-    if (std::sscanf(forced, "%d", &plan.prep_heads_per_block) != 1 || plan.prep_heads_per_block < 1 ||
-        plan.prep_heads_per_block > kMaxPrepHeadsPerBlock)
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_HEADS: expected 1 to ", kMaxPrepHeadsPerBlock, ", got '", forced,
-           "'");
-  }
 
   plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
-  plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") == 1;  // not the default until measured
-  plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") == 1;       // nor this
+  // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
+  // the launch-a-step chain and the tile-a-block rows for A/B.
+  plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") != 0;
+  plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -303,7 +299,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    prep.heads_per_block = plan.prep_heads_per_block;
     if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
       const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));

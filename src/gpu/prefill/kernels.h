@@ -29,7 +29,6 @@ struct PrepTail {
 // %smid values the per-multiprocessor counts cover (H200: 132 multiprocessors); a block on a
 // higher one leaves.
 constexpr int kMaxSmIds = 256;
-constexpr int kMaxPrepHeadsPerBlock = 4;  // PrepParams::heads_per_block
 
 struct PrepParams {
   ActivationView q, k, g;  // [total, H, 128] bf16, any strides of 8 elements (16-byte loads)
@@ -51,10 +50,6 @@ struct PrepParams {
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
   PrepTail tail;                     // launch_prep_tail only
-  // launch_prep: heads a block runs of its chunk slot, one after the other (1: prep_kernel; 2 to
-  // 4: prep_heads_kernel, FLASHKDA_PREP_HEADS, an experiment not yet measured; not with
-  // wgmma_record). Last, so that prep_kernel's parameter offsets stay as measured.
-  int heads_per_block = 1;
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a

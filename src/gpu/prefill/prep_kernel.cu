@@ -553,30 +553,6 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
 }
 
-// An experiment, not the default until measured (FLASHKDA_PREP_HEADS=2..4): a block per chunk
-// slot and p.heads_per_block heads of it, one after the other, so that the block's start (the
-// slot search: a round of cu_seqlens loads, a block barrier, the bounds' loads; ~10% of the prep
-// kernel's stall samples at P9, perf-notes) serves several records, and padding slots take
-// fewer blocks. The head loop made ptxas take 92 registers (five blocks a multiprocessor); the
-// bound keeps the prep kernel's six (safe gate; five with the softplus gate).
-template <bool kSoftplus>
-__global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_heads_kernel(const PrepParams p) {
-  ptx::griddep_launch_dependents();  // as prep_kernel
-  const int h0 = blockIdx.x * p.heads_per_block;
-  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;
-  int64_t seq, t0;
-  int count;
-  start_prep_block(p, slot, h0, seq, t0, count);
-  if (count == 0) return;
-  __shared__ __align__(128) PrepSmem sm;
-  const int h_end = min(h0 + p.heads_per_block, p.num_heads);
-#pragma unroll 1
-  for (int h = h0; h < h_end; ++h) {
-    if (h > h0) __syncthreads();  // every thread's reads of sm for the previous head are done
-    prep_chunk<kSoftplus, false>(p, sm, slot, h, seq, t0, count);
-  }
-}
-
 // The prep tail (PrepTail in kernels.h): the records of slots [first_slot, num_slots) by a grid of
 // six blocks a multiprocessor, launched before the 8x1 state grid, whose blocks stay on the first
 // `sms` multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that
@@ -644,14 +620,10 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // 128]) and the state pass's first chunks are written first. On the H200 (bench/results,
   // 2f353a9 against cf8bf4a, slots fastest against heads fastest): P1 1.245 -> 1.218 ms,
   // P4 0.798 -> 0.787, P10 1.613 -> 1.608 (repeat 1.621 -> 1.585).
-  if (p.heads_per_block < 1 || p.heads_per_block > kMaxPrepHeadsPerBlock || (p.wgmma_record && p.heads_per_block > 1))
-    fail(ErrorCode::kInternal, "prep kernel: ", p.heads_per_block, " heads a block");
-  const int head_blocks = (p.num_heads + p.heads_per_block - 1) / p.heads_per_block;
-  const dim3 grid(static_cast<unsigned>(head_blocks), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  const auto kernel = p.heads_per_block > 1 ? (p.softplus_gate ? prep_heads_kernel<true> : prep_heads_kernel<false>)
-                      : p.wgmma_record      ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
-                                            : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
+  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
+                                     : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
   size_t pad = 0;
   if (p.blocks_per_sm > 0) {  // blocks_per_sm + 1 blocks must not fit a multiprocessor's shared memory
     int device = 0, per_sm = 0, reserved = 0;
