@@ -1,11 +1,11 @@
-// The wgmma state pass's chunk step (gpu/prefill/state_wgmma_step.cuh) alone: a record image in
-// WgmmaRecord's layout built on the host from known matrices, the step run on it by two
-// warpgroups (one head), checked against fp64 over several chunks (out rows and the state), with
-// a partial chunk whose rows past the end hold NaN (they must be ignored and left unwritten);
-// then timed with the chunk fixed in shared memory (no copies), the step's own time a chunk,
-// comparable to the 8x1 mma.sync step (1.34 us at P1, docs/perf-notes.md).
-//
-// Status (2026-12-01): written without device time left; not yet run on a GPU.
+// The wgmma state pass's chunk step (gpu/prefill/state_wgmma_step.cuh) alone, on chunks of 16
+// tokens (the pass's) and 32 (a measurement toward a larger chunk: each wgmma gets twice the work
+// a step for the same chain of dependent products): a record image in WgmmaRecordOf<C>'s layout
+// built on the host from known matrices, the step run on it by two warpgroups (one head),
+// checked against fp64 over several chunks (out rows and the state), with a partial chunk whose
+// rows past the end hold NaN (they must be ignored and left unwritten); then timed with the
+// chunk fixed in shared memory (no copies), the step's own time a chunk, comparable to the 8x1
+// mma.sync step (~1.31 us a 16-token chunk at P1, docs/perf-notes.md).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -25,16 +25,18 @@
 namespace flashkda::testing {
 namespace {
 
-using gpu::WgmmaRecord;
-constexpr int kD = 128, kC = 16;
-constexpr uint32_t kImageBytes = WgmmaRecord::kBytes + gpu::state_pass::kVRowBytes;  // the record, then the v rows
+constexpr int kD = 128;
+// The record, then the chunk's v rows (kVRowStride elements apart).
+template <int kC>
+constexpr uint32_t kImageBytes = gpu::WgmmaRecordOf<kC>::kBytes + kC * gpu::kVRowStride * 2;
 
-// Runs `steps` chunks on one head: state_io [128 v][128 k] fp32 in and out; out [steps][16][128]
-// bf16 (row t of chunk c, value column v), written where t < count.
+// Runs `steps` chunks of kC tokens on one head: state_io [128 v][128 k] fp32 in and out; out
+// [steps][kC][128] bf16 (row t of chunk c, value column v), written where t < count.
+template <int kC>
 __global__ void __launch_bounds__(256, 1) run_steps(const uint8_t* image, float* state_io, uint16_t* out, int steps,
                                                     int count) {
-  __shared__ __align__(128) uint8_t sm[kImageBytes];
-  for (uint32_t i = threadIdx.x; i < kImageBytes / 16; i += 256)
+  extern __shared__ __align__(128) uint8_t sm[];
+  for (uint32_t i = threadIdx.x; i < kImageBytes<kC> / 16; i += 256)
     reinterpret_cast<uint4*>(sm)[i] = reinterpret_cast<const uint4*>(image)[i];
   ptx::fence_proxy_async_shared();  // ordinary stores, read by wgmma (the async proxy)
   __syncthreads();
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(256, 1) run_steps(const uint8_t* image, float*
   using gpu::state_pass::StateOrder;  // C order: wgmma's accumulator holds C fragments
   gpu::state_pass::load_state<StateOrder::kC>(acc, state_io, true, vbase, 0, lane);
   float(&s)[64] = reinterpret_cast<float(&)[64]>(acc);
-  for (int c = 0; c < steps; ++c) gpu::state_pass::wgmma_chunk_step(s, sm, vbase, lane, out + c * kC * kD, count, kD);
+  for (int c = 0; c < steps; ++c) gpu::state_pass::wgmma_chunk_step<kC>(s, sm, vbase, lane, out + c * kC * kD, count, kD);
   gpu::state_pass::store_state<StateOrder::kC>(acc, state_io, true, vbase, 0, lane);
 }
 
@@ -63,15 +65,17 @@ float tf32_round(float x) {  // the nearest tf32 (ties away from zero), as the p
   return x;
 }
 
+template <int kC>
 struct Chunk {
   std::vector<float> wk, qe, kr, w, m, decay;  // [t][k], [t][k], [t][k], [t][t'], [t][t'], [k]
   std::vector<uint16_t> v;                     // [t][v] bf16
 };
 
-Chunk random_chunk(uint32_t seed) {
+template <int kC>
+Chunk<kC> random_chunk(uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> small(-0.1f, 0.1f), unit(-1.0f, 1.0f), dec(0.9f, 1.0f);
-  Chunk c;
+  Chunk<kC> c;
   c.wk.resize(kC * kD), c.qe.resize(kC * kD), c.kr.resize(kC * kD), c.w.resize(kC * kC), c.m.resize(kC * kC);
   c.decay.resize(kD), c.v.resize(kC * kD);
   for (float& x : c.wk) x = tf32_round(small(rng));
@@ -86,10 +90,12 @@ Chunk random_chunk(uint32_t seed) {
   return c;
 }
 
-// The image the prep kernel would write (WgmmaRecord's element offsets), the v rows after it; v
-// rows from `count` on hold NaN (the next sequence's rows, or garbage, to be ignored).
-std::vector<uint8_t> image_of(const Chunk& c, int count) {
-  std::vector<uint8_t> img(kImageBytes, 0);
+// The image the prep kernel would write (WgmmaRecordOf<kC>'s element offsets), the v rows after
+// it; v rows from `count` on hold NaN (the next sequence's rows, or garbage, to be ignored).
+template <int kC>
+std::vector<uint8_t> image_of(const Chunk<kC>& c, int count) {
+  using WgmmaRecord = gpu::WgmmaRecordOf<kC>;
+  std::vector<uint8_t> img(kImageBytes<kC>, 0);
   auto put = [&](uint32_t off, float x) { std::memcpy(img.data() + off, &x, 4); };
   for (int t = 0; t < kC; ++t)
     for (int k = 0; k < kD; ++k) {
@@ -115,7 +121,8 @@ std::vector<uint8_t> image_of(const Chunk& c, int count) {
 }
 
 // fp64: `steps` chunks from S^T (updated in place); out [steps][16][128] for t < count.
-void reference(const Chunk& c, int count, int steps, std::vector<double>& S, std::vector<double>& out) {
+template <int kC>
+void reference(const Chunk<kC>& c, int count, int steps, std::vector<double>& S, std::vector<double>& out) {
   out.assign(static_cast<size_t>(steps) * kC * kD, 0.0);
   for (int step = 0; step < steps; ++step) {
     std::vector<double> WV(kD * kC), U(kD * kC);
@@ -149,12 +156,13 @@ double rel(const std::vector<double>& ref, const std::vector<double>& got) {
   return std::sqrt(num / den);
 }
 
-TEST_F(GpuWgmmaStep, MatchesFp64FullAndPartialChunks) {
-  for (const int count : {16, 11}) {
+template <int kC>
+void expect_steps_match_fp64() {
+  for (const int count : {kC, kC - 5}) {
     SCOPED_TRACE(::testing::Message() << count << " tokens a chunk");
     constexpr int kSteps = 6;
-    const Chunk c = random_chunk(5 + count);
-    const std::vector<uint8_t> img = image_of(c, count);
+    const Chunk<kC> c = random_chunk<kC>(5 + count);
+    const std::vector<uint8_t> img = image_of<kC>(c, count);
     std::mt19937 rng(9);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::vector<float> s0(kD * kD);
@@ -162,13 +170,15 @@ TEST_F(GpuWgmmaStep, MatchesFp64FullAndPartialChunks) {
     uint8_t* d_img;
     float* d_state;
     uint16_t* d_out;
-    cudaMalloc(&d_img, kImageBytes);
+    cudaMalloc(&d_img, kImageBytes<kC>);
     cudaMalloc(&d_state, sizeof(float) * kD * kD);
     cudaMalloc(&d_out, 2 * kSteps * kC * kD);
-    cudaMemcpy(d_img, img.data(), kImageBytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_img, img.data(), kImageBytes<kC>, cudaMemcpyHostToDevice);
     cudaMemcpy(d_state, s0.data(), sizeof(float) * kD * kD, cudaMemcpyHostToDevice);
     cudaMemset(d_out, 0xFF, 2 * kSteps * kC * kD);  // poison: rows t >= count must stay so
-    run_steps<<<1, 256>>>(d_img, d_state, d_out, kSteps, count);
+    ASSERT_EQ(cudaFuncSetAttribute(run_steps<kC>, cudaFuncAttributeMaxDynamicSharedMemorySize, kImageBytes<kC>),
+              cudaSuccess);
+    run_steps<kC><<<1, 256, (kImageBytes<kC>)>>>(d_img, d_state, d_out, kSteps, count);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> got_s(kD * kD);
     std::vector<uint16_t> got_o(kSteps * kC * kD);
@@ -193,42 +203,51 @@ TEST_F(GpuWgmmaStep, MatchesFp64FullAndPartialChunks) {
           }
         }
     const double e_s = rel(S, gs), e_o = rel(ro, go);
-    std::printf("  [wgmma step] %d tokens, %d chunks against fp64: state rel %.2e, out rel %.2e\n", count, kSteps, e_s,
-                e_o);
+    std::printf("  [wgmma step] %d-token chunks, %d tokens, %d chunks against fp64: state rel %.2e, out rel %.2e\n", kC,
+                count, kSteps, e_s, e_o);
     EXPECT_LT(e_s, 1e-2);  // tf32 products and bf16 out: ~1e-3; a wrong fragment or descriptor: O(1)
     EXPECT_LT(e_o, 1e-2);
   }
 }
 
-TEST_F(GpuWgmmaStep, TimeAChunk) {
-  const std::vector<uint8_t> img = image_of(random_chunk(3), kC);
+template <int kC>
+void time_a_chunk() {
+  const std::vector<uint8_t> img = image_of<kC>(random_chunk<kC>(3), kC);
   uint8_t* d_img;
   float* d_states;
   uint16_t* d_out;
-  constexpr int kBlocks = 96, kTimed = 512;  // P1's heads, P1's chunks
-  cudaMalloc(&d_img, kImageBytes);
+  constexpr int kBlocks = 96, kTimed = 8192 / kC;  // P1's heads, P1's tokens
+  cudaMalloc(&d_img, kImageBytes<kC>);
   cudaMalloc(&d_states, sizeof(float) * kD * kD);
   cudaMalloc(&d_out, 2 * kTimed * kC * kD);
-  cudaMemcpy(d_img, img.data(), kImageBytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_img, img.data(), kImageBytes<kC>, cudaMemcpyHostToDevice);
   cudaMemset(d_states, 0, sizeof(float) * kD * kD);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  run_steps<<<kBlocks, 256>>>(d_img, d_states, d_out, 64, kC);  // warm-up
+  ASSERT_EQ(cudaFuncSetAttribute(run_steps<kC>, cudaFuncAttributeMaxDynamicSharedMemorySize, kImageBytes<kC>),
+            cudaSuccess);
+  run_steps<kC><<<kBlocks, 256, (kImageBytes<kC>)>>>(d_img, d_states, d_out, 64, kC);  // warm-up
   cudaEventRecord(a);
-  run_steps<<<kBlocks, 256>>>(d_img, d_states, d_out, kTimed, kC);  // every block the same head: timing only
+  run_steps<kC><<<kBlocks, 256, (kImageBytes<kC>)>>>(d_img, d_states, d_out, kTimed, kC);  // every block the same head: timing only
   cudaEventRecord(b);
   ASSERT_EQ(cudaEventSynchronize(b), cudaSuccess);
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
-  std::printf("  [wgmma step] %d blocks x %d chunks: %.3f ms, %.3f us a chunk (8x1 mma.sync step at P1: ~1.34 us)\n",
-              kBlocks, kTimed, ms, 1000.0 * ms / kTimed);
+  std::printf("  [wgmma step] %d-token chunks, %d blocks x %d chunks: %.3f ms, %.3f us a chunk, %.3f us a 16 tokens "
+              "(8x1 mma.sync step at P1: ~1.31 us a 16 tokens)\n",
+              kC, kBlocks, kTimed, ms, 1000.0 * ms / kTimed, 1000.0 * ms / kTimed * 16 / kC);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaFree(d_img);
   cudaFree(d_states);
   cudaFree(d_out);
 }
+
+TEST_F(GpuWgmmaStep, MatchesFp64FullAndPartialChunks) { expect_steps_match_fp64<16>(); }
+TEST_F(GpuWgmmaStep, ThirtyTwoTokenChunksMatchFp64) { expect_steps_match_fp64<32>(); }
+TEST_F(GpuWgmmaStep, TimeAChunk) { time_a_chunk<16>(); }
+TEST_F(GpuWgmmaStep, TimeAThirtyTwoTokenChunk) { time_a_chunk<32>(); }
 
 }  // namespace
 }  // namespace flashkda::testing

@@ -57,19 +57,22 @@ __host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e
 // offset 128 bytes along the slots, the stride offset 256 along the rows). A "permuted" tile
 // multiplies an A operand taken from a D fragment, whose k order puts even elements of the
 // k-step in slots 0..3 and odd ones in 4..7 (mma.cuh). All fp32, tf32-rounded where the tensor
-// cores read them.
-struct WgmmaRecord {
-  static constexpr uint32_t kTokenTile = kChunk * 32;     // a k-step tile of 16 token rows (512 B)
-  static constexpr uint32_t kPairTile = 2 * kTokenTile;   // a k-step tile of Wk's 16 rows, then Qe's
+// cores read them. kTokens: the chunk's tokens (16, the pass's; 32, measured alone by
+// tests/gpu/test_wgmma_step_gpu.cu: a larger chunk gives each wgmma more work a step).
+template <int kTokens>
+struct WgmmaRecordOf {
+  static_assert(kTokens % 8 == 0 && kTokens <= 32, "whole token k-steps; 2 x 32 rows fit one wgmma's n");
+  static constexpr uint32_t kTokenTile = kTokens * 32;     // a k-step tile of the chunk's token rows
+  static constexpr uint32_t kPairTile = 2 * kTokenTile;    // a k-step tile of Wk's rows, then Qe's
   static constexpr uint32_t kChannelTile = kHeadDim * 32;  // a k-step tile of 128 channel rows (4096 B)
-  // Wk and Qe share their A operand (S^T): one m64n32k8 product a k-step reads both, so each
-  // k-step's tile holds Wk's 16 token rows then Qe's.
-  // [16 k-steps][Wk 16 t, Qe 16 t][8 k-slots], k permuted
+  // Wk and Qe share their A operand (S^T): one m64n(2 kTokens)k8 product a k-step reads both, so
+  // each k-step's tile holds Wk's token rows then Qe's.
+  // [16 k-steps][Wk kTokens t, Qe kTokens t][8 k-slots], k permuted
   static constexpr uint32_t kWkQe = 0;
-  static constexpr uint32_t kKr = kWkQe + (kHeadDim / 8) * kPairTile;  // Kr [2 t-steps][128 k][8 t-slots], t permuted
-  static constexpr uint32_t kW = kKr + (kChunk / 8) * kChannelTile;    // W  [hi, lo][2 t'-steps][16 t][8 t'-slots]
-  static constexpr uint32_t kM = kW + 2 * (kChunk / 8) * kTokenTile;   // M  [2 t'-steps][16 t][8 t'-slots], permuted
-  static constexpr uint32_t kDecay = kM + (kChunk / 8) * kTokenTile;   // exp(G_C) [128]
+  static constexpr uint32_t kKr = kWkQe + (kHeadDim / 8) * kPairTile;  // Kr [t-steps][128 k][8 t-slots], t permuted
+  static constexpr uint32_t kW = kKr + (kTokens / 8) * kChannelTile;   // W  [hi, lo][t'-steps][kTokens t][8 t'-slots]
+  static constexpr uint32_t kM = kW + 2 * (kTokens / 8) * kTokenTile;  // M  [t'-steps][kTokens t][8 t'-slots], permuted
+  static constexpr uint32_t kDecay = kM + (kTokens / 8) * kTokenTile;  // exp(G_C) [128]
   static constexpr uint32_t kBytes = kDecay + kHeadDim * 4;
 
   // Where each element goes (the prep kernel's stores; tests/gpu/test_wgmma_record.cu checks
@@ -78,20 +81,22 @@ struct WgmmaRecord {
     return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(t, permuted_slot(k % 8));
   }
   __host__ __device__ static constexpr uint32_t qe(int t, int k) {
-    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(kChunk + t, permuted_slot(k % 8));
+    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(kTokens + t, permuted_slot(k % 8));
   }
   __host__ __device__ static constexpr uint32_t kr(int t, int k) {
     return kKr + (t / 8) * kChannelTile + wgmma_tile_offset(k, permuted_slot(t % 8));
   }
   __host__ __device__ static constexpr uint32_t w(int part, int t, int tp) {  // part 0: hi, 1: lo
-    return kW + part * (kChunk / 8) * kTokenTile + (tp / 8) * kTokenTile + wgmma_tile_offset(t, tp % 8);
+    return kW + part * (kTokens / 8) * kTokenTile + (tp / 8) * kTokenTile + wgmma_tile_offset(t, tp % 8);
   }
   __host__ __device__ static constexpr uint32_t m(int t, int tp) {
     return kM + (tp / 8) * kTokenTile + wgmma_tile_offset(t, permuted_slot(tp % 8));
   }
 };
+using WgmmaRecord = WgmmaRecordOf<kChunk>;
 static_assert(WgmmaRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
 static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");
+static_assert(WgmmaRecordOf<32>::kBytes % 128 == 0 && WgmmaRecordOf<32>::kBytes == 61952, "the 32-token record");
 
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).

@@ -30,17 +30,24 @@ __device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&
 }
 
 // One chunk on this warpgroup's 64 value rows. s: S^T as the m64n128 accumulator (s[4 j + i] =
-// acc[j][i] of state_step.cuh); rec: the stage; out_chunk: the chunk's first out row of the head.
+// acc[j][i] of state_step.cuh); rec: the stage (WgmmaRecordOf<kTokens>, then the chunk's v rows);
+// out_chunk: the chunk's first out row of the head. kTokens: the chunk's tokens (16: the pass;
+// 32: tests/gpu/test_wgmma_step_gpu.cu measures it alone).
+template <int kTokens = kChunk>
 __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* rec, int vbase, int lane,
                                                  uint16_t* out_chunk, int count, int64_t out_row_stride) {
+  using Record = WgmmaRecordOf<kTokens>;
+  constexpr int kSteps = kTokens / 8;  // token k-steps; n-blocks of 8 tokens
+  constexpr int kHalf = kTokens / 2;   // a lane's entries of an m64n(kTokens) accumulator
   const int g = lane >> 2, t4 = lane & 3;
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + WgmmaRecord::kBytes);  // [16][kVRowStride]
-  float xo[16] = {}, wv[8] = {};  // xo: X^T in n-blocks 0, 1 (tokens 0..15), O^T in n-blocks 2, 3
-  uint32_t as[16][4], av[2][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kBytes);  // [kTokens][kVRowStride]
+  // xo: X^T in n-blocks 0 .. kSteps - 1 (the tokens), O^T in the next kSteps
+  float xo[kTokens] = {}, wv[kHalf] = {};
+  uint32_t as[16][4], av[kSteps][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
 #pragma unroll
   for (int st = 0; st < 16; ++st) a_from_d(s, st, as[st]);
 #pragma unroll
-  for (int st = 0; st < 2; ++st)
+  for (int st = 0; st < kSteps; ++st)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // tokens past the sequence end read as 0 (the tile may hold the next one's)
       const int tok = 8 * st + t4 + 4 * half;
@@ -49,21 +56,21 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
       av[st][2 * half + 1] = live ? uint32_t{v_rows[tok * kVRowStride + vbase + g + 8]} << 16 : 0u;
     }
   // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
-  ptx::fence_operands(av[0]);
-  ptx::fence_operands(av[1]);
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) ptx::fence_operands(av[st]);
   ptx::fence_operands(xo);
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < 16; ++st)
-    ptx::wgmma_tf32<32>(xo, as[st], tile_desc(rec + WgmmaRecord::kWkQe + WgmmaRecord::kPairTile * st), st > 0);
+    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(rec + Record::kWkQe + Record::kPairTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 2; ++st) {
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(0, 0, 8 * st)), st > 0);
-    ptx::wgmma_tf32<16>(wv, av[st], tile_desc(rec + WgmmaRecord::w(1, 0, 8 * st)), true);
+  for (int st = 0; st < kSteps; ++st) {
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec + Record::w(0, 0, 8 * st)), st > 0);
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec + Record::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();  // X, O (which read S^T) and WV done
@@ -71,12 +78,12 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::fence_operands(wv);
   ptx::fence_operands(s);
 
-  float u[8];
+  float u[kHalf];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) u[i] = ptx::tf32_operand(wv[i] - xo[i]);  // U^T, rounded as the 8x1 step's
-  uint32_t aw[2][4], au[2][4];
+  for (int i = 0; i < kHalf; ++i) u[i] = ptx::tf32_operand(wv[i] - xo[i]);  // U^T, rounded as the 8x1 step's
+  uint32_t aw[kSteps][4], au[kSteps][4];
 #pragma unroll
-  for (int st = 0; st < 2; ++st) {
+  for (int st = 0; st < kSteps; ++st) {
     a_from_d(wv, st, aw[st]);
     a_from_d(u, st, au[st]);
 #pragma unroll
@@ -84,7 +91,7 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     ptx::fence_operands(aw[st]);
     ptx::fence_operands(au[st]);
   }
-  const float* decay = reinterpret_cast<const float*>(rec + WgmmaRecord::kDecay);
+  const float* decay = reinterpret_cast<const float*>(rec + Record::kDecay);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {  // S^T Diag(exp(G_C)): columns 8 j + 2 t4 (+1)
     const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t4);
@@ -92,28 +99,28 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   }
   // WV^T M^T into a fresh accumulator, added to O^T afterwards (accumulating onto xo's O^T half,
   // or a copy of it, serializes the wgmmas: C7511).
-  float o[8] = {};
+  float o[kHalf] = {};
   ptx::fence_operands(s);
   ptx::fence_operands(o);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<16>(o, aw[st], tile_desc(rec + WgmmaRecord::kM + WgmmaRecord::kTokenTile * st), st > 0);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<kTokens>(o, aw[st], tile_desc(rec + Record::kM + Record::kTokenTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(s);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < 2; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + WgmmaRecord::kKr + WgmmaRecord::kChannelTile * st), true);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + Record::kKr + Record::kChannelTile * st), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
   ptx::fence_operands(o);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) o[i] += xo[8 + i];  // O^T = S^T Qe^T + WV^T M^T
+  for (int i = 0; i < kHalf; ++i) o[i] += xo[kHalf + i];  // O^T = S^T Qe^T + WV^T M^T
 
   // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and stored,
   // as state_step.cuh does.
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int nt = 0; nt < kSteps; ++nt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[4 * nt + 2 * r], o[4 * nt + 2 * r + 1]));
