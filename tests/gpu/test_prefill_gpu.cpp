@@ -743,17 +743,21 @@ TEST_F(GpuPrefill, StitchExperimentsMatchTheDefaultBitForBit) {
   unsetenv("FLASHKDA_SPLIT");
 }
 
-// Both stitch forms at a size the sanitizers run: three segments, one call each against the oracle.
+// Both stitch forms at a size the sanitizers run, the out rows' products in 2xTF32 (the default)
+// and 3xTF32: three segments, one call each against the oracle.
 TEST_F(GpuPrefill, SmallStitchExperiments) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
-  for (const char* form : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form);
-    setenv("FLASHKDA_STITCH_CHAIN", form, 1);
-    setenv("FLASHKDA_STITCH_ROWS", form, 1);
-    expect_matches_oracle(packed({600}, 2, 40));
-  }
-  for (const char* v : {"FLASHKDA_STITCH_ROWS", "FLASHKDA_STITCH_CHAIN", "FLASHKDA_SPLIT_SEGMENTS", "FLASHKDA_SPLIT"})
+  for (const char* form : {"0", "1"})
+    for (const char* precise : {"0", "1"}) {
+      SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form + ", FLASHKDA_STITCH_3XTF32 = " + precise);
+      setenv("FLASHKDA_STITCH_CHAIN", form, 1);
+      setenv("FLASHKDA_STITCH_ROWS", form, 1);
+      setenv("FLASHKDA_STITCH_3XTF32", precise, 1);
+      expect_matches_oracle(packed({600}, 2, 40));
+    }
+  for (const char* v : {"FLASHKDA_STITCH_3XTF32", "FLASHKDA_STITCH_ROWS", "FLASHKDA_STITCH_CHAIN",
+                        "FLASHKDA_SPLIT_SEGMENTS", "FLASHKDA_SPLIT"})
     unsetenv(v);
 }
 

@@ -266,6 +266,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   // the launch-a-step chain and the tile-a-block rows for A/B.
   plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") != 0;
   plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
+  plan.stitch_rows_3xtf32 = forced_switch("FLASHKDA_STITCH_3XTF32") == 1;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -386,7 +387,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
     const int64_t segment_rows = (chunks + S - 1) / S * kChunk;
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
-                      kHeadDim, kStateHead, 1, S, state_elems, seqs};
+                      kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
     if (plan.stitch_rows_kept) launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     else launch_stitch(rows, H, stream, S - 1);
   }

@@ -130,6 +130,10 @@ struct StitchParams {
   int segments;
   int64_t m_segment_stride;
   SequenceTable seqs;
+  // X split hi + lo as M is (3xTF32: about fp32's accuracy); false: X rounded to tf32 once
+  // (2xTF32), for the out rows, whose X (out_a) only adds its own rounding, ~2^-12 relative, to
+  // out (stitch_kernel.cu). The chain of segment states keeps the split.
+  bool x_split = true;
 };
 
 // The chain of the split pass's segment states in one launch (stitch_kernel.cu):

@@ -16,7 +16,10 @@ namespace {
 
 // One block: 64 rows of one head against a 128 x 128 M, on the tensor cores in 3xTF32
 // (X M = Xhi Mhi + Xhi Mlo + Xlo Mhi, m16n8k8 tf32 products with fp32 accumulators: about fp32's
-// accuracy, where plain tf32 would add ~5e-4 to out when the state is large). 8 warps: warp w
+// accuracy, where plain tf32 would add ~5e-4 to out when the state is large), or in 2xTF32 for
+// the out rows (X = out_a rounded to the nearest tf32, M = S_{s-1}^T split: X's rounding alone,
+// ~2^-12 relative, as the state pass's own products round S; the chain of states keeps 3xTF32,
+// its errors carry into every later segment). 8 warps: warp w
 // takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2. X and M are stored as loaded (fp32,
 // 104 KB: two blocks a multiprocessor, so one block's loads overlap the other's products) and
 // split into hi + lo in registers. ncu at 189cc93 (P8): the FMA version spent 40 us on each
@@ -85,9 +88,9 @@ __device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors], floa
   }
 }
 
-// acc = X M (3xTF32) for the block's 64 rows in x: warp w takes rows 16 (w / 2) .. +15 and the
-// n-tiles of half w % 2. m_tile: M^T [n][k] (kTransposed) or M [k][n].
-template <int kMStride, bool kTransposed>
+// acc = X M (3xTF32; 2xTF32 without kSplitX) for the block's 64 rows in x: warp w takes rows
+// 16 (w / 2) .. +15 and the n-tiles of half w % 2. m_tile: M^T [n][k] (kTransposed) or M [k][n].
+template <int kMStride, bool kTransposed, bool kSplitX>
 __device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStride], const float (*m_tile)[kMStride],
                                               int warp, int lane, float (&acc)[kNTiles][4]) {
   // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
@@ -100,10 +103,17 @@ __device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStrid
     const float2 top = load2(&x[r0 + g][k0 + 2 * t4]);
     const float2 bottom = load2(&x[r0 + g + 8][k0 + 2 * t4]);
     uint32_t a_hi[4], a_lo[4];
-    split_tf32(top.x, a_hi[0], a_lo[0]);
-    split_tf32(bottom.x, a_hi[1], a_lo[1]);
-    split_tf32(top.y, a_hi[2], a_lo[2]);
-    split_tf32(bottom.y, a_hi[3], a_lo[3]);
+    if constexpr (kSplitX) {
+      split_tf32(top.x, a_hi[0], a_lo[0]);
+      split_tf32(bottom.x, a_hi[1], a_lo[1]);
+      split_tf32(top.y, a_hi[2], a_lo[2]);
+      split_tf32(bottom.y, a_hi[3], a_lo[3]);
+    } else {
+      a_hi[0] = __float_as_uint(ptx::tf32_high_part(top.x));
+      a_hi[1] = __float_as_uint(ptx::tf32_high_part(bottom.x));
+      a_hi[2] = __float_as_uint(ptx::tf32_high_part(top.y));
+      a_hi[3] = __float_as_uint(ptx::tf32_high_part(bottom.y));
+    }
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
       const int n = 8 * (nt0 + j) + g;
@@ -112,7 +122,7 @@ __device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStrid
       uint32_t b_hi[2], b_lo[2];
       split_tf32(b.x, b_hi[0], b_lo[0]);
       split_tf32(b.y, b_hi[1], b_lo[1]);
-      ptx::mma_tf32_1688(acc[j], a_lo, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
+      if constexpr (kSplitX) ptx::mma_tf32_1688(acc[j], a_lo, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
       ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_lo[0]), __uint_as_float(b_lo[1]));
       ptx::mma_tf32_1688(acc[j], a_hi, __uint_as_float(b_hi[0]), __uint_as_float(b_hi[1]));
     }
@@ -175,7 +185,7 @@ __device__ __forceinline__ void segment_rows(const StitchParams& p, int segment,
   row_end = min(bos + int64_t{c_end} * kChunk, eos);
 }
 
-template <bool kTransposed>
+template <bool kTransposed, bool kSplitX>
 __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams p) {
   constexpr int kMStride = kTransposed ? kPairStride : kWordStride;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -201,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
 
   const int warp = tid >> 5, lane = tid & 31;
   float acc[kNTiles][4];
-  multiply_rows<kMStride, kTransposed>(sm.x, m_tile, warp, lane, acc);
+  multiply_rows<kMStride, kTransposed, kSplitX>(sm.x, m_tile, warp, lane, acc);
 
   store_rows(acc, ZFromMemory{p.z + h * p.head_stride, p.row_stride}, p.y, p.y_f32, p.row_stride, h * p.head_stride,
              row0, row_begin, row_end, FragmentPlace(warp, lane), KeepNothing{});
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
     float4 next[kMVectors];
     if (more) load_m(p.a_t + s * p.segment_stride + head, next, tid);  // A_{s+1}^T, in flight
     float acc[kNTiles][4];
-    multiply_rows<kWordStride, false>(sm.x, m_tile, warp, lane, acc);
+    multiply_rows<kWordStride, false, true>(sm.x, m_tile, warp, lane, acc);
     __syncthreads();  // every warp is done with this step's rows and A^T
     const bool to_final = s == p.segments - 1;
     void* y = to_final ? p.final_state : static_cast<void*>(p.boundary + s * p.segment_stride);
@@ -256,6 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and wait on each load: the
 // rows ran at 1.3 TB/s at P8 (ncu at 4036296, 224 us). The same products and sums, tile for
 // tile: bit for bit stitch_kernel's results.
+template <bool kSplitX>
 __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchParams p, int H, int64_t tiles_per_group) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
@@ -314,24 +325,36 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchPa
         zv[half][j] = row < t.row_end ? load2(z + row * p.row_stride + f.col(j)) : make_float2(0.0f, 0.0f);
     }
     float acc[kNTiles][4];
-    multiply_rows<kPairStride, true>(sm.x, m_tile, warp, lane, acc);
+    multiply_rows<kPairStride, true, kSplitX>(sm.x, m_tile, warp, lane, acc);
     store_rows(acc, [&](int half, int j, int64_t, int) { return zv[half][j]; }, p.y, p.y_f32, p.row_stride,
                h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
     __syncthreads();  // every warp is done with this tile's rows before the next tile's land
   }
 }
 
-template <bool kTransposed>
+template <bool kTransposed, bool kSplitX>
 void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
   constexpr int kSmem = sizeof(StitchSmem);
   static_assert(2 * kSmem <= 227 * 1024, "two blocks a multiprocessor");
   static PerDeviceOnce raised;
   raised.run("stitch kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(stitch_kernel<kTransposed>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return cudaFuncSetAttribute(stitch_kernel<kTransposed, kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const dim3 grid(static_cast<unsigned>((p.rows + kRows - 1) / kRows), static_cast<unsigned>(heads),
                   static_cast<unsigned>(segment_launches));
-  stitch_kernel<kTransposed><<<grid, kThreads, kSmem, stream>>>(p);
+  stitch_kernel<kTransposed, kSplitX><<<grid, kThreads, kSmem, stream>>>(p);
+}
+
+template <bool kSplitX>
+void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
+                             cudaStream_t stream) {
+  constexpr int kSmem = sizeof(StitchSmem);
+  static PerDeviceOnce raised;
+  raised.run("stitch rows kernel: setting its shared memory size", [] {
+    return cudaFuncSetAttribute(stitch_rows_kernel<kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  launch_kernel(stitch_rows_kernel<kSplitX>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
+                "stitch rows kernel", p, heads, tiles_per_group);
 }
 
 }  // namespace
@@ -348,24 +371,21 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
 }
 
 void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(StitchSmem);
   if (p.segment != 1 || !p.m_transposed || p.segments < 2 || sms < 1)
     fail(ErrorCode::kInternal, "stitch rows: segment ", p.segment, " of ", p.segments);
-  static PerDeviceOnce raised;
-  raised.run("stitch rows kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(stitch_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
   const int64_t tiles_per_group = (p.rows + kRows - 1) / kRows;
   const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
   const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (216 registers a thread)
   if (blocks == 0) return;
-  launch_kernel(stitch_rows_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
-                "stitch rows kernel", p, heads, tiles_per_group);
+  if (p.x_split) launch_stitch_rows_form<true>(p, heads, blocks, tiles_per_group, stream);
+  else launch_stitch_rows_form<false>(p, heads, blocks, tiles_per_group, stream);
 }
 
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
-  if (p.m_transposed) launch_stitch_form<true>(p, heads, stream, segment_launches);
-  else launch_stitch_form<false>(p, heads, stream, segment_launches);
+  if (!p.m_transposed && !p.x_split) fail(ErrorCode::kInternal, "stitch: the chain of states keeps 3xTF32");
+  if (!p.m_transposed) launch_stitch_form<false, true>(p, heads, stream, segment_launches);
+  else if (p.x_split) launch_stitch_form<true, true>(p, heads, stream, segment_launches);
+  else launch_stitch_form<true, false>(p, heads, stream, segment_launches);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch kernel launch failed: ", cudaGetErrorString(err));
 }
