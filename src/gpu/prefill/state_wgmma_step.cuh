@@ -20,7 +20,11 @@
 
 namespace flashkda::gpu::state_pass {
 
+// The record's tiles: the descriptor of the stage's first byte, advanced to each tile.
 __device__ __forceinline__ uint64_t tile_desc(const uint8_t* tile) { return ptx::smem_matrix_desc(tile, 128, 256); }
+__device__ __forceinline__ uint64_t tile_desc(uint64_t stage_desc, uint32_t offset) {
+  return ptx::smem_matrix_desc_advance(stage_desc, offset);
+}
 
 // A fragment for k-step j of an m64nN accumulator: its n-block j is an mma C fragment, which
 // tf32_a_from_c (mma.cuh) makes an A fragment with k permuted.
@@ -41,6 +45,7 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   constexpr int kHalf = kTokens / 2;   // a lane's entries of an m64n(kTokens) accumulator
   const int g = lane >> 2, t4 = lane & 3;
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kBytes);  // [kTokens][kVRowStride]
+  const uint64_t rec_desc = tile_desc(rec);
   // xo: X^T in n-blocks 0 .. kSteps - 1 (the tokens), O^T in the next kSteps
   float xo[kTokens] = {}, wv[kHalf] = {};
   uint32_t as[16][4], av[kSteps][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
@@ -63,14 +68,14 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < 16; ++st)
-    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(rec + Record::kWkQe + Record::kPairTile * st), st > 0);
+    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(rec_desc, Record::kWkQe + Record::kPairTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
-    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec + Record::w(0, 0, 8 * st)), st > 0);
-    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec + Record::w(1, 0, 8 * st)), true);
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::w(0, 0, 8 * st)), st > 0);
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();  // X, O (which read S^T) and WV done
@@ -104,12 +109,12 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::fence_operands(o);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<kTokens>(o, aw[st], tile_desc(rec + Record::kM + Record::kTokenTile * st), st > 0);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<kTokens>(o, aw[st], tile_desc(rec_desc, Record::kM + Record::kTokenTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(s);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec + Record::kKr + Record::kChannelTile * st), true);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec_desc, Record::kKr + Record::kChannelTile * st), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
