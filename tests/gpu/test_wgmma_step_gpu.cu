@@ -28,7 +28,7 @@ namespace {
 constexpr int kD = 128;
 // The record, then the chunk's v rows (kVRowStride elements apart).
 template <int kC>
-constexpr uint32_t kImageBytes = gpu::WgmmaRecordOf<kC>::kStageBytes + kC * gpu::kVRowStride * 2;
+constexpr uint32_t kImageBytes = gpu::WgmmaRecordOf<kC>::kBytes + kC * gpu::kVRowStride * 2;
 
 // Runs `steps` chunks of kC tokens on one head: state_io [128 v][128 k] fp32 in and out; out
 // [steps][kC][128] bf16 (row t of chunk c, value column v), written where t < count.
@@ -79,7 +79,7 @@ Chunk<kC> random_chunk(uint32_t seed) {
   c.wk.resize(kC * kD), c.qe.resize(kC * kD), c.kr.resize(kC * kD), c.w.resize(kC * kC), c.m.resize(kC * kC);
   c.decay.resize(kD), c.v.resize(kC * kD);
   for (float& x : c.wk) x = tf32_round(small(rng));
-  for (float& x : c.qe) x = bf16_to_float(float_to_bf16(small(rng)));  // the record holds Qe in bf16
+  for (float& x : c.qe) x = tf32_round(small(rng));
   for (float& x : c.kr) x = tf32_round(small(rng));
   for (int i = 0; i < kC * kC; ++i) {
     c.w[i] = (i / kC >= i % kC) ? 5 * small(rng) : 0.0f;  // lower triangular, as W is
@@ -90,24 +90,17 @@ Chunk<kC> random_chunk(uint32_t seed) {
   return c;
 }
 
-// The stage the state pass would hold: the record the prep kernel would write (WgmmaRecordOf<kC>'s
-// element offsets, placed by in_stage; Qe in bf16, widened by the step itself; NaN where the
-// widened Qe goes), the v rows after it; v rows from `count` on hold NaN (the next sequence's
-// rows, or garbage, to be ignored).
+// The image the prep kernel would write (WgmmaRecordOf<kC>'s element offsets), the v rows after
+// it; v rows from `count` on hold NaN (the next sequence's rows, or garbage, to be ignored).
 template <int kC>
 std::vector<uint8_t> image_of(const Chunk<kC>& c, int count) {
   using WgmmaRecord = gpu::WgmmaRecordOf<kC>;
   std::vector<uint8_t> img(kImageBytes<kC>, 0);
-  auto put = [&](uint32_t off, float x) { std::memcpy(img.data() + WgmmaRecord::in_stage(off), &x, 4); };
-  for (uint32_t o = WgmmaRecord::kStageQe; o < WgmmaRecord::kStageQe + WgmmaRecord::kStageShift; o += 4) {
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::memcpy(img.data() + o, &nan, 4);
-  }
+  auto put = [&](uint32_t off, float x) { std::memcpy(img.data() + off, &x, 4); };
   for (int t = 0; t < kC; ++t)
     for (int k = 0; k < kD; ++k) {
       put(WgmmaRecord::wk(t, k), c.wk[t * kD + k]);
-      const uint16_t q = float_to_bf16(c.qe[t * kD + k]);
-      std::memcpy(img.data() + WgmmaRecord::in_stage(WgmmaRecord::qe(t, k)), &q, 2);
+      put(WgmmaRecord::qe(t, k), c.qe[t * kD + k]);
       put(WgmmaRecord::kr(t, k), c.kr[t * kD + k]);
     }
   for (int t = 0; t < kC; ++t)
@@ -122,7 +115,7 @@ std::vector<uint8_t> image_of(const Chunk<kC>& c, int count) {
   for (int t = 0; t < kC; ++t)
     for (int v = 0; v < kD; ++v) {
       const uint16_t x = t < count ? c.v[t * kD + v] : nan;
-      std::memcpy(img.data() + WgmmaRecord::kStageBytes + 2 * (t * gpu::kVRowStride + v), &x, 2);
+      std::memcpy(img.data() + WgmmaRecord::kBytes + 2 * (t * gpu::kVRowStride + v), &x, 2);
     }
   return img;
 }

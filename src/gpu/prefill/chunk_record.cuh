@@ -56,51 +56,33 @@ __host__ __device__ constexpr int permuted_slot(int e) { return (e & 1) * 4 + (e
 // [rows][8 slots] in the no-swizzle K-major layout (core matrices 8 rows x 16 bytes; the leading
 // offset 128 bytes along the slots, the stride offset 256 along the rows). A "permuted" tile
 // multiplies an A operand taken from a D fragment, whose k order puts even elements of the
-// k-step in slots 0..3 and odd ones in 4..7 (mma.cuh). fp32, tf32-rounded where the tensor cores
-// read them, except Qe: bf16 in the record (as ChunkRecord's: 4 KB less a record to write and
-// to stream, the pass being bound by that stream), widened to fp32 in the stage by the state
-// pass. kTokens: the chunk's tokens (16, the pass's; 32, measured alone by
-// tests/gpu/test_wgmma_step_gpu.cu).
-//
-// In a stage (the state pass's shared memory) Qe's fp32 groups follow Wk's, and the rest of the
-// record follows them (in_stage): Wk's 8-row token groups are kGroupBytes apart, so one
-// descriptor of stride kGroupBytes reads Wk's and Qe's 2 kTokens rows of a k-step as one B
-// operand (X and O in one product a k-step).
+// k-step in slots 0..3 and odd ones in 4..7 (mma.cuh). All fp32, tf32-rounded where the tensor
+// cores read them. kTokens: the chunk's tokens (16, the pass's; 32, measured alone by
+// tests/gpu/test_wgmma_step_gpu.cu: a larger chunk gives each wgmma more work a step).
 template <int kTokens>
 struct WgmmaRecordOf {
   static_assert(kTokens % 8 == 0 && kTokens <= 32, "whole token k-steps; 2 x 32 rows fit one wgmma's n");
-  static constexpr int kGroups = kTokens / 8;               // 8-row groups of tokens
-  static constexpr uint32_t kTokenTile = kTokens * 32;      // a k-step tile of the chunk's token rows
-  static constexpr uint32_t kChannelTile = kHeadDim * 32;   // a k-step tile of 128 channel rows (4096 B)
-  static constexpr uint32_t kGroupBytes = kHeadDim / 8 * 256;  // an 8-row group over the 16 k-steps of k
-  // [token groups][16 k-steps][8 rows][8 k-slots], k permuted
-  static constexpr uint32_t kWk = 0;
-  static constexpr uint32_t kKr = kWk + kGroups * kGroupBytes;         // Kr [t-steps][128 k][8 t-slots], t permuted
+  static constexpr uint32_t kTokenTile = kTokens * 32;     // a k-step tile of the chunk's token rows
+  static constexpr uint32_t kPairTile = 2 * kTokenTile;    // a k-step tile of Wk's rows, then Qe's
+  static constexpr uint32_t kChannelTile = kHeadDim * 32;  // a k-step tile of 128 channel rows (4096 B)
+  // Wk and Qe share their A operand (S^T): one m64n(2 kTokens)k8 product a k-step reads both, so
+  // each k-step's tile holds Wk's token rows then Qe's.
+  // [16 k-steps][Wk kTokens t, Qe kTokens t][8 k-slots], k permuted
+  static constexpr uint32_t kWkQe = 0;
+  static constexpr uint32_t kKr = kWkQe + (kHeadDim / 8) * kPairTile;  // Kr [t-steps][128 k][8 t-slots], t permuted
   static constexpr uint32_t kW = kKr + (kTokens / 8) * kChannelTile;   // W  [hi, lo][t'-steps][kTokens t][8 t'-slots]
   static constexpr uint32_t kM = kW + 2 * (kTokens / 8) * kTokenTile;  // M  [t'-steps][kTokens t][8 t'-slots], permuted
   static constexpr uint32_t kDecay = kM + (kTokens / 8) * kTokenTile;  // exp(G_C) [128]
-  // Q~ - M W K~, bf16 [token groups][16 k-steps][8 rows][8 k]: a k-step's 8 channels of a group's
-  // 8 tokens are 128 contiguous bytes, for the prep kernel's stores and the widening's loads
-  static constexpr uint32_t kQe = kDecay + kHeadDim * 4;
-  static constexpr uint32_t kBytes = kQe + kTokens * kHeadDim * 2;
-
-  // The stage: Wk, Qe widened to fp32 in Wk's layout, then the record from kKr on.
-  static constexpr uint32_t kStageQe = kKr;
-  static constexpr uint32_t kStageShift = kGroups * kGroupBytes;  // what the record's fields from kKr on move by
-  static constexpr uint32_t kStageBytes = kBytes + kStageShift;
-  __host__ __device__ static constexpr uint32_t in_stage(uint32_t record_offset) {
-    return record_offset < kKr ? record_offset : record_offset + kStageShift;
-  }
+  static constexpr uint32_t kBytes = kDecay + kHeadDim * 4;
 
   // Where each element goes (the prep kernel's stores; tests/gpu/test_wgmma_record.cu checks
   // them against the order the wgmma pass reads): token t, key channel k, token t' of W and M.
   __host__ __device__ static constexpr uint32_t wk(int t, int k) {
-    return kWk + (t / 8) * kGroupBytes + (k / 8) * 256 + wgmma_tile_offset(t % 8, permuted_slot(k % 8));
+    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(t, permuted_slot(k % 8));
   }
   __host__ __device__ static constexpr uint32_t qe(int t, int k) {
-    return kQe + (t / 8) * (kHeadDim / 8) * 128 + (k / 8) * 128 + (t % 8) * 16 + (k % 8) * 2;
+    return kWkQe + (k / 8) * kPairTile + wgmma_tile_offset(kTokens + t, permuted_slot(k % 8));
   }
-  __host__ __device__ static constexpr uint32_t stage_qe(int t, int k) { return kStageQe + wk(t, k); }  // fp32, widened
   __host__ __device__ static constexpr uint32_t kr(int t, int k) {
     return kKr + (t / 8) * kChannelTile + wgmma_tile_offset(k, permuted_slot(t % 8));
   }
@@ -113,9 +95,8 @@ struct WgmmaRecordOf {
 };
 using WgmmaRecord = WgmmaRecordOf<kChunk>;
 static_assert(WgmmaRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
-static_assert(WgmmaRecord::kKr == 8192 && WgmmaRecord::kBytes == 24064, "the K = V = 128 record");
-static_assert(WgmmaRecord::kStageBytes % 128 == 0 && WgmmaRecord::kQe % 16 == 0, "stages aligned; Qe's rows by 16 bytes");
-static_assert(WgmmaRecordOf<32>::kBytes % 128 == 0 && WgmmaRecordOf<32>::kBytes == 53760, "the 32-token record");
+static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");
+static_assert(WgmmaRecordOf<32>::kBytes % 128 == 0 && WgmmaRecordOf<32>::kBytes == 61952, "the 32-token record");
 
 // Byte offset of lane `lane`'s entry of fragment `frag` in a fragment-ordered tile whose
 // entries are `entry_bytes` wide (8: fp32 pair, 4: bf16 pair).

@@ -490,9 +490,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if constexpr (kWgmma) {  // bf16 pairs, 128 contiguous bytes a warp (the wgmma pass widens them)
-          *reinterpret_cast<uint32_t*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4)) =
-              ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
+        if constexpr (kWgmma) {  // fp32 (tf32-rounded): the wgmma pass reads Qe as a tf32 operand
+          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4)) = ptx::tf32_operand(qe[2 * r]);
+          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4 + 1)) = ptx::tf32_operand(qe[2 * r + 1]);
         } else {
           *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
               ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);

@@ -375,14 +375,15 @@ constexpr int stages_fitting(int blocks, int extra) {
   return stages < 6 ? stages : 6;
 }
 
-// Fills a stage (one producer thread): the chunk record, and the chunk's 16 v rows of head h as
-// one tensor-map tile after it (rows past the problem's end arrive as zeros). The wgmma pass
-// fills its own stages (state_wgmma_kernel.cu: the record around the room for Qe in fp32).
+// Fills a stage (one producer thread): the chunk record (ChunkRecord, or the wgmma pass's
+// WgmmaRecord), and the chunk's 16 v rows of head h as one tensor-map tile after it (rows past
+// the problem's end arrive as zeros).
+template <typename Record = ChunkRecord>
 __device__ __forceinline__ void fill_stage(uint8_t* stage, uint64_t* full, const uint8_t* record,
                                            const CUtensorMap* v_rows, int h, int64_t token0) {
-  ptx::mbarrier_arrive_expect_tx(full, ChunkRecord::kBytes + kVRowBytes);
-  ptx::bulk_copy_g2s(stage, record, ChunkRecord::kBytes, full);
-  ptx::tensor_copy_3d_g2s(stage + ChunkRecord::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
+  ptx::mbarrier_arrive_expect_tx(full, Record::kBytes + kVRowBytes);
+  ptx::bulk_copy_g2s(stage, record, Record::kBytes, full);
+  ptx::tensor_copy_3d_g2s(stage + Record::kBytes, v_rows, 0, h, static_cast<int>(token0), full);
 }
 
 }  // namespace flashkda::gpu::state_pass

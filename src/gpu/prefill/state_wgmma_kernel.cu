@@ -28,7 +28,7 @@ using namespace state_pass;
 
 constexpr int kStages = 6;
 constexpr int kRefillLag = 1;  // steps between a stage's release and its refill
-constexpr uint32_t kWgmmaStageBytes = WgmmaRecord::kStageBytes + kVRowBytes;  // 35.5 KB: Qe widened in place
+constexpr uint32_t kWgmmaStageBytes = WgmmaRecord::kBytes + kVRowBytes;  // 31.5 KB
 constexpr int kConsumers = 256;                                       // two warpgroups
 constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
@@ -56,19 +56,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   if (threadIdx.x == 0) ring.init(kConsumers);  // every consumer thread releases a stage
   __syncthreads();
 
-  // Thread 0: chunk c into its stage (free: first lap, or waited for): the record in two bulk
-  // copies around the room where the consumers widen Qe (WgmmaRecord::in_stage), then the v rows.
-  auto fill = [&](int c) {
+  auto fill = [&](int c) {  // thread 0: chunk c into its stage (free: first lap, or waited for)
     const auto to = Ring::Cursor::of_fill(c);
-    uint8_t* const stage = smem + to.stage * kWgmmaStageBytes;
-    uint64_t* const full = ring.full_barrier(to);
-    const uint8_t* const record = records + int64_t{c} * record_stride;
-    ptx::mbarrier_arrive_expect_tx(full, WgmmaRecord::kBytes + kVRowBytes);
-    ptx::bulk_copy_g2s(stage, record, WgmmaRecord::kKr, full);
-    ptx::bulk_copy_g2s(stage + WgmmaRecord::in_stage(WgmmaRecord::kKr), record + WgmmaRecord::kKr,
-                       WgmmaRecord::kBytes - WgmmaRecord::kKr, full);
-    ptx::tensor_copy_3d_g2s(stage + WgmmaRecord::kStageBytes, &p.v_rows, 0, h, static_cast<int>(bos + int64_t{c} * kChunk),
-                            full);
+    fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
+                            &p.v_rows, h, bos + int64_t{c} * kChunk);
   };
   if (threadIdx.x == 0)
     for (int c = 0; c < num_chunks && c < kStages; ++c) fill(c);

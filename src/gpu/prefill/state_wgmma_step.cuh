@@ -1,6 +1,5 @@
 // The chunk step of the wgmma state pass (state_wgmma_kernel.cu), on one warpgroup's 64 value
 // rows: shared by the kernel and tests/gpu/test_wgmma_step_gpu.cu, which runs it alone.
-//   Qe widened from the record's bf16 into the stage's fp32 tiles (both warpgroups, widen_qe)
 //   group 1: [X^T | O^T] = S^T [Wk | Qe]^T (m64n32k8 x 16: one product a k-step for both)
 //   group 2: WV^T = V^T (W_hi + W_lo)^T (m64n16k8 x 4), issued while group 1 runs
 //   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 1 has read S^T
@@ -14,7 +13,6 @@
 #include <cstdint>
 
 #include "gpu/prefill/chunk_record.cuh"
-#include "gpu/prefill/state_step.cuh"  // kVRowStride, slice_barrier
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/movmatrix.cuh"
@@ -28,35 +26,6 @@ __device__ __forceinline__ uint64_t tile_desc(uint64_t stage_desc, uint32_t offs
   return ptx::smem_matrix_desc_advance(stage_desc, offset);
 }
 
-// Qe of the stage's chunk widened from the record's bf16 runs into fp32 tiles in Wk's layout
-// (WgmmaRecordOf::stage_qe), by all 256 threads of the block, since both warpgroups read every
-// Qe tile; then ordered before the wgmmas that read it (each thread's stores fenced to the async
-// proxy, and a named barrier over the 256 threads). A run is one k-step's 8 channels of one
-// token: 16 bytes in, two float4 out (the even elements fill slots 0..3, the odd ones 4..7);
-// the 8 lanes of a quarter warp take the 8 tokens of a group, so both sides are 128 contiguous
-// bytes. The previous lap's wgmma reads of this stage ended at that step's wgmma_wait.
-template <int kTokens>
-__device__ __forceinline__ void widen_qe(uint8_t* stage) {
-  using Record = WgmmaRecordOf<kTokens>;
-  constexpr int kRuns = kTokens * kHeadDim / 8;
-  static_assert(kRuns % 256 == 0, "whole runs a thread");
-#pragma unroll
-  for (int i = 0; i < kRuns / 256; ++i) {
-    const int run = static_cast<int>(threadIdx.x) + 256 * i;
-    const int t = run % 8 + 8 * (run / 128), k = 8 * (run / 8 % 16);
-    const uint4 x = *reinterpret_cast<const uint4*>(stage + Record::in_stage(Record::qe(t, k)));
-    const float4 even = make_float4(__uint_as_float(x.x << 16), __uint_as_float(x.y << 16), __uint_as_float(x.z << 16),
-                                    __uint_as_float(x.w << 16));
-    const float4 odd = make_float4(__uint_as_float(x.x & 0xFFFF0000u), __uint_as_float(x.y & 0xFFFF0000u),
-                                   __uint_as_float(x.z & 0xFFFF0000u), __uint_as_float(x.w & 0xFFFF0000u));
-    uint8_t* dst = stage + Record::stage_qe(t, k);
-    *reinterpret_cast<float4*>(dst) = even;
-    *reinterpret_cast<float4*>(dst + 128) = odd;
-  }
-  ptx::fence_proxy_async_shared();
-  slice_barrier(1, 256);
-}
-
 // A fragment for k-step j of an m64nN accumulator: its n-block j is an mma C fragment, which
 // tf32_a_from_c (mma.cuh) makes an A fragment with k permuted.
 template <int R>
@@ -64,23 +33,19 @@ __device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&
   ptx::tf32_a_from_c(*reinterpret_cast<const float(*)[4]>(&d[4 * j]), a);
 }
 
-// One chunk on this warpgroup's 64 value rows; both warpgroups of the block call it together
-// (widen_qe). s: S^T as the m64n128 accumulator (s[4 j + i] = acc[j][i] of state_step.cuh); rec:
-// the stage (WgmmaRecordOf<kTokens>'s stage layout, then the chunk's v rows); out_chunk: the
-// chunk's first out row of the head. kTokens: the chunk's tokens (16: the pass; 32:
-// tests/gpu/test_wgmma_step_gpu.cu measures it alone).
+// One chunk on this warpgroup's 64 value rows. s: S^T as the m64n128 accumulator (s[4 j + i] =
+// acc[j][i] of state_step.cuh); rec: the stage (WgmmaRecordOf<kTokens>, then the chunk's v rows);
+// out_chunk: the chunk's first out row of the head. kTokens: the chunk's tokens (16: the pass;
+// 32: tests/gpu/test_wgmma_step_gpu.cu measures it alone).
 template <int kTokens = kChunk>
-__device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], uint8_t* rec, int vbase, int lane,
+__device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* rec, int vbase, int lane,
                                                  uint16_t* out_chunk, int count, int64_t out_row_stride) {
   using Record = WgmmaRecordOf<kTokens>;
   constexpr int kSteps = kTokens / 8;  // token k-steps; n-blocks of 8 tokens
   constexpr int kHalf = kTokens / 2;   // a lane's entries of an m64n(kTokens) accumulator
   const int g = lane >> 2, t4 = lane & 3;
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kStageBytes);  // [kTokens][kVRowStride]
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kBytes);  // [kTokens][kVRowStride]
   const uint64_t rec_desc = tile_desc(rec);
-  // Wk's token groups, then Qe's, kGroupBytes apart: one B operand of 2 kTokens rows a k-step
-  const uint64_t xo_desc = ptx::smem_matrix_desc(rec, 128, Record::kGroupBytes);
-  widen_qe<kTokens>(rec);
   // xo: X^T in n-blocks 0 .. kSteps - 1 (the tokens), O^T in the next kSteps
   float xo[kTokens] = {}, wv[kHalf] = {};
   uint32_t as[16][4], av[kSteps][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
@@ -103,14 +68,14 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], uint8_t* rec, i
   ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < 16; ++st)
-    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(xo_desc, Record::kWk + 256 * st), st > 0);
+    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(rec_desc, Record::kWkQe + Record::kPairTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
-    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::in_stage(Record::w(0, 0, 8 * st))), st > 0);
-    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::in_stage(Record::w(1, 0, 8 * st))), true);
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::w(0, 0, 8 * st)), st > 0);
+    ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();  // X, O (which read S^T) and WV done
@@ -131,7 +96,7 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], uint8_t* rec, i
     ptx::fence_operands(aw[st]);
     ptx::fence_operands(au[st]);
   }
-  const float* decay = reinterpret_cast<const float*>(rec + Record::in_stage(Record::kDecay));
+  const float* decay = reinterpret_cast<const float*>(rec + Record::kDecay);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {  // S^T Diag(exp(G_C)): columns 8 j + 2 t4 (+1)
     const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t4);
@@ -144,12 +109,12 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], uint8_t* rec, i
   ptx::fence_operands(o);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<kTokens>(o, aw[st], tile_desc(rec_desc, Record::in_stage(Record::kM + Record::kTokenTile * st)), st > 0);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<kTokens>(o, aw[st], tile_desc(rec_desc, Record::kM + Record::kTokenTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(s);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec_desc, Record::in_stage(Record::kKr + Record::kChannelTile * st)), true);
+  for (int st = 0; st < kSteps; ++st) ptx::wgmma_tf32<128>(s, au[st], tile_desc(rec_desc, Record::kKr + Record::kChannelTile * st), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
