@@ -174,10 +174,15 @@ bool orders_sequences(const Problem& p) {
 // of the chunks keeps it ahead of the chains: on I idle multiprocessors it writes a chunk of all
 // H heads in ~1.41 H / I us (the prep kernel's rate, six blocks a multiprocessor: P1's 49152
 // records in ~524 us on 132) against a chain step of ~1.31 us, so up to 0.93 I / H of the chunks;
-// 0.84 I / H leaves a 10% margin (P1: 31%). FLASHKDA_PREP_TAIL=0 turns it off;
-// FLASHKDA_PREP_TAIL_SHARE=x sets the share (tests, measurements).
+// 0.84 I / H leaves a 10% margin (P1: 31%). The softplus gate's prep is ~1.22x slower (P1: 0.670
+// against 0.549 ms, ncu), so its share is smaller: 0.75 I / H. Measured on the H200 at 5253f3c
+// with the share forced (two runs each): P1 1.055 at 0.315 (the default), 1.073 at 0.28, 1.053 at
+// 0.34, 1.089 at 0.37; P1-softplus 1.287 at 0.315, 1.222 at 0.28 (this rule gives 0.281 there),
+// 1.336 at 0.34, 1.391 at 0.37. FLASHKDA_PREP_TAIL=0 turns it off; FLASHKDA_PREP_TAIL_SHARE=x sets
+// the share (tests, measurements).
 constexpr int kMinTailSms = 8;
 constexpr int64_t kMinTailChunks = 64;
+constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.75;  // times I / H
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   if (plan.pass != PrefillPlan::Pass::kPerItem || c.value_slices != 8 || p.N != 1 || p.checkpoint_offsets ||
@@ -186,7 +191,7 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   const int idle = plan.multiprocessors - static_cast<int>(p.H);
   const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
   if (idle < kMinTailSms || chunks < kMinTailChunks) return;
-  double share = 0.84 * idle / static_cast<double>(p.H);
+  double share = (p.gate == Gate::kSoftplus ? kTailShareSoftplus : kTailShareSafe) * idle / static_cast<double>(p.H);
   if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {
     if (std::sscanf(forced, "%lf", &share) != 1 || !(share > 0.0 && share < 1.0))
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_TAIL_SHARE: expected a fraction in (0, 1), got '", forced, "'");
