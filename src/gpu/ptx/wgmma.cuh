@@ -30,7 +30,7 @@ __device__ __forceinline__ uint64_t smem_matrix_desc(const void* smem, uint32_t 
 // 16): the start address is the low 14 bits in 16-byte units, and shared-memory addresses stay
 // under 2^18 bytes, so the add never carries into the offsets above them. One add on a
 // descriptor formed once, where forming each one from its address took a conversion, a shift
-// and two masks in front of every wgmma (the wgmma state pass: ~40 a chunk).
+// and two masks in front of every wgmma (the wgmma state pass: 24 a warpgroup a chunk).
 __device__ __forceinline__ uint64_t smem_matrix_desc_advance(uint64_t desc, uint32_t byte_offset) {
   const uint32_t start = static_cast<uint32_t>(desc) + (byte_offset >> 4);  // a 32-bit add: the high word stays
   return (desc & 0xFFFFFFFF00000000ull) | start;
