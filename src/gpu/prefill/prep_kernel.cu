@@ -6,6 +6,7 @@
 
 #include "common/fail.h"
 #include "common/bf16.h"
+#include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
@@ -527,16 +528,6 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
   }
 }
 
-// The start of a prep block whose first head is h0, after it let a programmatic state grid start:
-// resets the persistent pass's counter and ranks the sequences (block (0, 0)), locates its slot.
-__device__ __forceinline__ void start_prep_block(const PrepParams& p, int64_t slot, int h0, int64_t& seq, int64_t& t0,
-                                                 int& count) {
-  // The persistent state pass that follows in the stream counts its items from zero.
-  if (p.item_counter && slot == 0 && h0 == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
-  if (p.seq_order && slot == 0 && h0 == 0) p.seqs.order_by_length(p.seq_order);
-  locate_slot(p.seqs, slot, seq, t0, count);
-}
-
 // A block per (chunk slot, head), heads fastest.
 template <bool kSoftplus, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
@@ -545,9 +536,12 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   ptx::griddep_launch_dependents();
   const int h = blockIdx.x;
   const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  // The persistent state pass that follows in the stream counts its items from zero.
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
+  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
   int64_t seq, t0;
   int count;
-  start_prep_block(p, slot, h, seq, t0, count);
+  locate_slot(p.seqs, slot, seq, t0, count);
   if (count == 0) return;  // uniform over the block
   __shared__ __align__(128) PrepSmem sm;
   prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
@@ -635,16 +629,12 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
     pad = share > block + 16 ? share - block - 16 : 0;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad));
   }
-  kernel<<<grid, kThreads, pad, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(kernel, grid, dim3(kThreads), pad, stream, false, "prep kernel", p);
 }
 
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
   const auto kernel = p.softplus_gate ? prep_tail_kernel<true> : prep_tail_kernel<false>;
-  kernel<<<blocks, kThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "prep tail kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, false, "prep tail kernel", p);
 }
 
 }  // namespace flashkda::gpu
