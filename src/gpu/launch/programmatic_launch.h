@@ -3,7 +3,7 @@
 // (griddepcontrol.launch_dependents) as they start: the state grid is then launched while the
 // prep grid's last blocks run, and its blocks set up where those leave room. Whatever reads the
 // prep grid's writes waits for it first (griddepcontrol.wait, ptx/grid_sync.cuh).
-// Without `programmatic`, a plain launch with the same error report (the stitch kernels).
+// Without `programmatic`, a plain launch with the same error report (the prep, stitch and wgmma kernels).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -17,6 +17,7 @@
 
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
+#include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/prefill/state_wgmma_step.cuh"
@@ -103,9 +104,8 @@ void launch_state_wgmma(const StateParams& p, cudaStream_t stream) {
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
-  state_wgmma_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "wgmma state kernel launch failed: ", cudaGetErrorString(err));
+  launch_kernel(state_wgmma_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
+                "wgmma state kernel", p);
 }
 
 }  // namespace flashkda::gpu

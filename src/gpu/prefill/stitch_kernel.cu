@@ -342,7 +342,7 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
   });
   const dim3 grid(static_cast<unsigned>((p.rows + kRows - 1) / kRows), static_cast<unsigned>(heads),
                   static_cast<unsigned>(segment_launches));
-  stitch_kernel<kTransposed, kSplitX><<<grid, kThreads, kSmem, stream>>>(p);
+  launch_kernel(stitch_kernel<kTransposed, kSplitX>, grid, dim3(kThreads), kSmem, stream, false, "stitch kernel", p);
 }
 
 template <bool kSplitX>
@@ -386,8 +386,6 @@ void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int se
   if (!p.m_transposed) launch_stitch_form<false, true>(p, heads, stream, segment_launches);
   else if (p.x_split) launch_stitch_form<true, true>(p, heads, stream, segment_launches);
   else launch_stitch_form<true, false>(p, heads, stream, segment_launches);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) fail(ErrorCode::kCudaError, "stitch kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashkda::gpu
