@@ -36,7 +36,7 @@ struct PrefillPlan {
   enum class Pass : int32_t {
     kPerItem,     // one block per (sequence, head, value slices) (state_kernel.cu)
     kPersistent,  // a block per multiprocessor taking (sequence, head) items (state_persistent_kernel.cu)
-    kSplit,       // one long sequence cut in two segments, then stitched (stitch_kernel.cu)
+    kSplit,       // one long sequence cut in S segments, then stitched (stitch_kernel.cu)
     kWgmma,       // experimental, FLASHKDA_STATE_WGMMA=1 only: per item on wgmma (state_wgmma_kernel.cu)
   };
   Pass pass = Pass::kPerItem;
@@ -44,6 +44,7 @@ struct PrefillPlan {
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
+  bool split_wgmma = false;      // kSplit: the runs on the wgmma pass, a block a head and run
   // kSplit: the segment states chained in one launch (StitchChain; FLASHKDA_STITCH_CHAIN=0: one
   // launch a step instead)
   bool stitch_chain_launch = true;
@@ -66,6 +67,9 @@ struct PrefillPlan {
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
   // tail_bytes: the prep tail's counters and ready flags
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, tail_bytes = 0;
+
+  // The records in WgmmaRecord's layout (the wgmma state pass reads them), else ChunkRecord's.
+  bool wgmma_records() const { return pass == Pass::kWgmma || split_wgmma; }
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
@@ -92,6 +96,7 @@ struct CudaPlan {
   };
   Kernels kernels = Kernels::kChunkedPrefill;
   PrefillPlan prefill;  // kChunkedPrefill only
+
 
   size_t workspace_bytes() const { return kernels == Kernels::kRecurrent ? 0 : prefill.workspace_bytes(); }
 };

@@ -244,9 +244,10 @@ TEST_P(GpuPrefillSplit, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuPrefillSplit, ::testing::Values(0, 1, 16, 17, 33, 1000, 4097));
 
-// More segments: S = 3 (one block a multiprocessor for these heads), 4 and 7 (3-stage blocks,
-// two a multiprocessor) on the 2x2 layout the launcher takes, and S = 4 on 1x4; segments past the
-// sequence's chunks are empty (A = I, B = 0).
+// More segments: S = 3 and 16 on the wgmma pass the launcher takes (a block a head and run);
+// S = 3 (one block a multiprocessor for these heads), 4 and 7 (3-stage blocks, two a
+// multiprocessor) on the 2x2 layout, and S = 4 on 1x4; segments past the sequence's chunks are
+// empty (A = I, B = 0).
 class GpuPrefillSplitSegments : public GpuPrefill,
                                 public ::testing::WithParamInterface<std::pair<const char*, const char*>> {
  protected:
@@ -283,7 +284,8 @@ TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments,
-                         ::testing::Values(std::make_pair("2x2", "3"), std::make_pair("2x2", "4"),
+                         ::testing::Values(std::make_pair("wgmma", "3"), std::make_pair("wgmma", "16"),
+                                           std::make_pair("2x2", "3"), std::make_pair("2x2", "4"),
                                            std::make_pair("2x2", "7"), std::make_pair("1x4", "4")));
 
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {

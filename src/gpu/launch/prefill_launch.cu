@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/fail.h"
 #include "gpu/gpu_backend.h"
@@ -90,6 +91,7 @@ constexpr int kSplitMaxSegments = 16;
 struct SplitChoice {
   int segments = 0;  // 0: not split
   bool compact = false;
+  bool wgmma = true;  // the runs on the wgmma pass (layout unused), else on `layout`
   StateConfig layout{2, 2};
 };
 
@@ -104,19 +106,23 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (forced == 0) return {};
   SplitChoice choice;
-  if (const char* layout = std::getenv("FLASHKDA_SPLIT_LAYOUT")) {
+  if (const char* layout = std::getenv("FLASHKDA_SPLIT_LAYOUT"); layout && std::strcmp(layout, "wgmma") != 0) {
     StateConfig& l = choice.layout;
     if (std::sscanf(layout, "%dx%d", &l.value_slices, &l.key_parts) != 2 ||
         !((l.value_slices == 1 && l.key_parts == 4) || (l.value_slices == 2 && l.key_parts == 2)))
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected 1x4 or 2x2, got '", layout, "'");
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected wgmma, 1x4 or 2x2, got '", layout, "'");
+    choice.wgmma = false;
   }
-  const int64_t blocks = p.H * (8 / choice.layout.value_slices);  // blocks of one run
-  const int wide = segments_fitting(blocks, sms), compact = segments_fitting(blocks, 2 * int64_t{sms});
+  // Blocks of one run: a head a block on wgmma (one a multiprocessor: its 6 stages fill shared
+  // memory), else the layout's blocks a head.
+  const int64_t blocks = choice.wgmma ? p.H : p.H * (8 / choice.layout.value_slices);
+  const int wide = segments_fitting(blocks, sms);
+  const int compact = choice.wgmma ? 0 : segments_fitting(blocks, 2 * int64_t{sms});
   if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
     if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 || choice.segments > kSplitMaxSegments)
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n,
            "'");
-    choice.compact = choice.segments > wide;
+    choice.compact = !choice.wgmma && choice.segments > wide;
     return choice;
   }
   if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4)) return {};  // many heads fill the GPU already
@@ -242,15 +248,17 @@ PrefillPlan plan_prefill(const Problem& p) {
   PrefillPlan plan;
   plan.multiprocessors = multiprocessor_count();
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
+  const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
   if (use_wgmma(p)) {
     plan.pass = PrefillPlan::Pass::kWgmma;
-    plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * WgmmaRecord::kBytes;
+    plan.record_bytes = static_cast<size_t>(slots * p.H) * WgmmaRecord::kBytes;
     return plan;
   }
   if (const SplitChoice split = choose_split(p, c, plan.multiprocessors); split.segments > 0) {
     plan.pass = PrefillPlan::Pass::kSplit;
     plan.split_segments = split.segments;
     plan.split_compact = split.compact;
+    plan.split_wgmma = split.wgmma;
     c = split.layout;
   } else if (use_persistent(p, c, plan.multiprocessors)) {
     plan.pass = PrefillPlan::Pass::kPersistent;
@@ -264,7 +272,7 @@ PrefillPlan plan_prefill(const Problem& p) {
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
 
-  plan.record_bytes = static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * ChunkRecord::kBytes;
+  plan.record_bytes = static_cast<size_t>(slots * p.H) * (plan.wgmma_records() ? WgmmaRecord::kBytes : ChunkRecord::kBytes);
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
   // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
@@ -302,7 +310,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                          g = activation_view(p.g, p.g_rows, p, p.K);
     PrepParams prep{q, k, g, q.same_strides(k) && q.same_strides(g), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias,
                     p.lower_bound, p.gate == Gate::kSoftplus, p.scale, static_cast<int>(p.H), seqs, records, counter};
-    prep.wgmma_record = plan.pass == PrefillPlan::Pass::kWgmma;
+    prep.wgmma_record = plan.wgmma_records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
     if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
@@ -368,7 +376,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   float* const a_t = b_t + (S - 1) * state_elems;
   float* const out_b = a_t + (S - 1) * state_elems;
   state.split = {S, plan.split_compact, boundary, b_t, a_t, out_b, out_b + row_elems};
-  launch_state(state, config, stream);
+  if (plan.split_wgmma) launch_state_wgmma(state, stream);
+  else launch_state(state, config, stream);
   const int H = static_cast<int>(p.H);
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   const int chain_steps = p.final_state ? S - 1 : S - 2;

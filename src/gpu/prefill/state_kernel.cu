@@ -33,16 +33,6 @@ __device__ __forceinline__ void wait_ready(const uint32_t* flag) {
   ptx::fence_proxy_async_global();
 }
 
-// The identity as the initial state (rows v, columns k): the split pass's A run.
-template <StateOrder O, int kTiles>
-__device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t row0, int col0, int lane) {
-  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
-    const int64_t v = idx / kHeadDim, k = idx % kHeadDim;
-    acc[nt][pair_first<O>(r)] = v == k ? 1.0f : 0.0f;
-    acc[nt][pair_second<O>(r)] = v == k + 1 ? 1.0f : 0.0f;
-  });
-}
-
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.

@@ -105,6 +105,17 @@ __device__ __forceinline__ void load_state(float (&acc)[kTiles][4], const void* 
   });
 }
 
+// The identity as the initial state (rows v, columns k): the split passes' A runs (state_kernel.cu,
+// state_wgmma_kernel.cu).
+template <StateOrder O, int kTiles>
+__device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t row0, int col0, int lane) {
+  for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
+    const int64_t v = idx / kHeadDim, k = idx % kHeadDim;
+    acc[nt][pair_first<O>(r)] = v == k ? 1.0f : 0.0f;
+    acc[nt][pair_second<O>(r)] = v == k + 1 ? 1.0f : 0.0f;
+  });
+}
+
 // kPairStores: fp32 pairs as 8-byte stores. The stores inside the chunk loop (the checkpoints)
 // take two 4-byte ones: an 8-byte store wants the pair in adjacent registers, against the A
 // fragments the products read, and ptxas then copied ~130-170 registers a step in the serving

@@ -11,8 +11,9 @@
 // every thread at 168 registers (3 warps on a quarter of the register file) and the kernel needs
 // 188; a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The
 // chunk step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
-// it alone against fp64. Per item only (no split or persistent pass), V-major states, no
-// checkpoints: other calls keep the mma.sync passes.
+// it alone against fp64. Per item, or (kSplit) the segment-parallel pass's runs (StateSplit in
+// kernels.h, as state_kernel.cu's): a block a head and run, blockIdx.y the run. V-major states,
+// no checkpoints, no persistent form: other calls keep the mma.sync passes.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
@@ -21,6 +22,7 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/prefill/state_wgmma_step.cuh"
+#include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -35,16 +37,25 @@ constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
 static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
   const int64_t n = blockIdx.x / H;
   const int h = static_cast<int>(blockIdx.x % H);
   const int64_t start = p.slots.start(n);
-  if (!p.slots.runs(start, p.initial_state != nullptr)) return;  // padding: nothing is written for it
+  if (!p.slots.runs(start, p.initial_state != nullptr)) {  // padding: nothing is written for it
+    ptx::griddep_wait();  // a grid whose blocks all leave here still ends after the one before it
+    return;
+  }
   int64_t bos, eos;
   p.seqs.bounds(n, bos, eos);
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
+  int c_begin = 0, c_end = num_chunks;  // the chunks this block runs
+  const int run = kSplit ? static_cast<int>(blockIdx.y) : 0;
+  const int segment = (run + 1) / 2;  // runs 2s - 1 (B) and 2s (A) share segment s
+  const bool a_run = kSplit && run > 0 && run % 2 == 0;
+  if constexpr (kSplit) StateSplit::segment_chunks(num_chunks, p.split.segments, segment, c_begin, c_end);
   const int64_t record_stride = static_cast<int64_t>(H) * WgmmaRecord::kBytes;
   const uint8_t* records =
       p.records + p.seqs.first_slot(n, bos) * record_stride + static_cast<int64_t>(h) * WgmmaRecord::kBytes;
@@ -57,55 +68,81 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   if (threadIdx.x == 0) ring.init(kConsumers);  // every consumer thread releases a stage
   __syncthreads();
 
-  auto fill = [&](int c) {  // thread 0: chunk c into its stage (free: first lap, or waited for)
-    const auto to = Ring::Cursor::of_fill(c);
+  // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
+  const int64_t v_token0 = a_run ? p.seqs.total_tokens : bos;
+  auto fill = [&](int i) {  // thread 0: the run's chunk c_begin + i into its stage (free: first lap, or waited for)
+    const auto to = Ring::Cursor::of_fill(i);
+    const int c = c_begin + i;
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
-                            &p.v_rows, h, bos + int64_t{c} * kChunk);
+                            &p.v_rows, h, a_run ? v_token0 : v_token0 + int64_t{c} * kChunk);
   };
-  if (threadIdx.x == 0)
-    for (int c = 0; c < num_chunks && c < kStages; ++c) fill(c);
+  const int chunks = c_end - c_begin;
+  if (threadIdx.x == 0) {
+    ptx::griddep_wait();  // after the prep grid (p.after_prep): its records are complete from here on
+    for (int i = 0; i < chunks && i < kStages; ++i) fill(i);
+  }
 
   const int vbase = 64 * (warp / 4) + 16 * (warp % 4);
+  const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
   float acc[kNTiles][4];
   // C order: wgmma's accumulator holds C fragments.
-  load_state<StateOrder::kC>(acc, p.initial_state, p.initial_state_f32,
-                             (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
+  if (!kSplit || run == 0)
+    load_state<StateOrder::kC>(acc, p.initial_state, p.initial_state_f32,
+                               (start * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
+  else if (!a_run) load_state<StateOrder::kC>(acc, nullptr, false, 0, 0, lane);  // zeros
+  else load_identity<StateOrder::kC>(acc, vbase, 0, lane);
   float(&s_acc)[64] = reinterpret_cast<float(&)[64]>(acc);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
-  uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-  typename Ring::Cursor at;
-  for (int c = 0; c < num_chunks; ++c) {
-    ring.wait_full(at);
-    const int64_t left = eos - bos - int64_t{c} * kChunk;
-    wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
-                     static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
-    ring.release(at);  // this thread's reads of the stage are done
-    // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
-    // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
-    // step (1.23 us a chunk at P1 against 0.99 for the step alone).
-    if (const int done = c - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < num_chunks) {
-      ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
-      fill(done + kStages);
+  auto run_chunks = [&](auto* out) {
+    auto* out_head = out + bos * out_row_stride + h * kHeadDim;
+    typename Ring::Cursor at;
+    for (int i = 0; i < chunks; ++i) {
+      const int c = c_begin + i;
+      ring.wait_full(at);
+      const int64_t left = eos - bos - int64_t{c} * kChunk;
+      wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
+                       static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
+      ring.release(at);  // this thread's reads of the stage are done
+      // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
+      // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
+      // step (1.23 us a chunk at P1 against 0.99 for the step alone).
+      if (const int done = i - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < chunks) {
+        ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
+        fill(done + kStages);
+      }
+      at.advance();
     }
-    at.advance();
-  }
-  if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0)
+  };
+  if (!kSplit || run == 0) run_chunks(p.out);
+  else run_chunks(a_run ? p.split.out_a : p.split.out_b);
+
+  if constexpr (kSplit) {
+    // One [N, H, 128, 128] state per segment in each buffer (N = 1 here).
+    const int64_t state_elems = p.seqs.num_seqs * H * int64_t{kHeadDim} * kHeadDim;
+    float* const final_state = run == 0  ? p.split.boundary
+                               : a_run ? p.split.a_t + (segment - 1) * state_elems
+                                       : p.split.b_t + (segment - 1) * state_elems;
+    store_state<StateOrder::kC>(acc, final_state, true, state_row0, 0, lane);
+  } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
+  }
 }
 
 }  // namespace
 
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream) {
-  if (p.split.segments > 0 || p.checkpoints.count > 0 || p.k_major || p.item_counter)
-    fail(ErrorCode::kInternal, "wgmma state kernel: per-item, V-major, no checkpoints only");
-  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
-  raised.run("wgmma state kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(state_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (p.checkpoints.count > 0 || p.k_major || p.item_counter)
+    fail(ErrorCode::kInternal, "wgmma state kernel: V-major, no checkpoints, not persistent only");
+  const bool split = p.split.segments > 0;
+  const auto kernel = split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
+  static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
+  raised[split].run("wgmma state kernel: setting its shared memory size", [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
-  launch_kernel(state_wgmma_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
-                "wgmma state kernel", p);
+  const dim3 grid(static_cast<unsigned>(blocks), split ? 2 * p.split.segments - 1 : 1);
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, p.after_prep, "wgmma state kernel", p);
 }
 
 }  // namespace flashkda::gpu

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/ptx/convert.cuh"
@@ -35,11 +36,12 @@ __device__ __forceinline__ void a_from_d(const float (&d)[R], int j, uint32_t (&
 
 // One chunk on this warpgroup's 64 value rows. s: S^T as the m64n128 accumulator (s[4 j + i] =
 // acc[j][i] of state_step.cuh); rec: the stage (WgmmaRecordOf<kTokens>, then the chunk's v rows);
-// out_chunk: the chunk's first out row of the head. kTokens: the chunk's tokens (16: the pass;
-// 32: tests/gpu/test_wgmma_step_gpu.cu measures it alone).
-template <int kTokens = kChunk>
+// out_chunk: the chunk's first out row of the head, bf16 (OutT uint16_t) or the split pass's fp32
+// partial rows (float). kTokens: the chunk's tokens (16: the pass; 32:
+// tests/gpu/test_wgmma_step_gpu.cu measures it alone).
+template <int kTokens = kChunk, typename OutT>
 __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* rec, int vbase, int lane,
-                                                 uint16_t* out_chunk, int count, int64_t out_row_stride) {
+                                                 OutT* out_chunk, int count, int64_t out_row_stride) {
   using Record = WgmmaRecordOf<kTokens>;
   constexpr int kSteps = kTokens / 8;  // token k-steps; n-blocks of 8 tokens
   constexpr int kHalf = kTokens / 2;   // a lane's entries of an m64n(kTokens) accumulator
@@ -122,16 +124,26 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) o[i] += xo[kHalf + i];  // O^T = S^T Qe^T + WV^T M^T
 
-  // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and stored,
-  // as state_step.cuh does.
+  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
 #pragma unroll
-  for (int nt = 0; nt < kSteps; ++nt)
+    for (int nt = 0; nt < kSteps; ++nt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[4 * nt + 2 * r], o[4 * nt + 2 * r + 1]));
-      const int token = nt * 8 + g;
-      if (token < count) *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
-    }
+      for (int i = 0; i < 4; ++i) {
+        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
+        if (token < count) out_chunk[token * out_row_stride + v] = o[4 * nt + i];
+      }
+  } else {
+    // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and
+    // stored, as state_step.cuh does.
+#pragma unroll
+    for (int nt = 0; nt < kSteps; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[4 * nt + 2 * r], o[4 * nt + 2 * r + 1]));
+        const int token = nt * 8 + g;
+        if (token < count) *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
+      }
+  }
 }
 
 }  // namespace flashkda::gpu::state_pass
