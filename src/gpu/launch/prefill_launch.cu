@@ -74,17 +74,22 @@ int forced_switch(const char* name) {
 // Segment-parallel state pass (StateSplit in kernels.h): one sequence, few heads, long. The
 // chain of T/16 steps is the whole cost there and most multiprocessors idle; cutting it into S
 // segments runs 2S - 1 chains of T/(16 S) steps at once (segment 0, and each later segment from
-// zero and from the identity) and the stitch kernel combines them. Its blocks use the 2x2 layout
-// (half the record reads of 1x4 per head, which matters once many runs share the L2), one a
-// multiprocessor with 6 stages, or two with 3 (compact) where that at least doubles S. S is the
-// largest count whose runs fit one wave, with segments of at least 4096 tokens, up to 16; below
-// 3 segments the stitch costs more than the chain saves. Measured on the H200 (ae03dfd, ms,
-// 1x4 / 2x2 at S = 2, 3, 4, 6, 8; unsplit P7 1.55, P8 2.92, P11 6.18):
+// zero and from the identity) and the stitch kernel combines them. The runs go on the wgmma state
+// kernel, a block a head and run, one a multiprocessor: ~1.3 us of a multiprocessor a chunk,
+// where a 2x2 run (four blocks, two a multiprocessor) costs ~2.8. S is the largest count whose
+// runs fit one wave, with segments of at least 4096 tokens, up to 16; below 3 segments the
+// stitch costs more than the chain saves. Measured on the H200 at 443eb06 (ms, wgmma against the
+// 2x2 runs the plan took before): P7 0.768 against 1.072 (S = 8 against 4), P8 0.850 against
+// 1.134 (S = 16 against 8; wgmma at S = 8: 1.10, S = 12: 0.92), P11 2.81 against 4.21 (8
+// against 4). FLASHKDA_SPLIT_LAYOUT=2x2|1x4 takes the mma.sync runs: 2x2 reads half the records
+// of 1x4 per head, which matters once many runs share the L2; one block a multiprocessor with 6
+// stages, or two with 3 (compact) where that at least doubles S. Measured on the H200 (ae03dfd,
+// ms, 1x4 / 2x2 at S = 2, 3, 4, 6, 8; unsplit P7 1.55, P8 2.92, P11 6.18):
 //   P7  [32768] x 8:   1.80 1.94 1.87 1.96 2.04  /  1.60 1.56 1.39 1.71 1.56
 //   P8  [65536] x 4:   2.46 2.35 1.98 2.40 2.02  /  2.72 2.08 1.77 1.72 1.54
 //   P11 [131072] x 8:  6.77 7.31 7.06 7.25 7.40  /  6.21 5.85 5.07 6.18 5.42
 // FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, S >= 2, for the tests);
-// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16) and FLASHKDA_SPLIT_LAYOUT=1x4|2x2 the layout.
+// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16) and FLASHKDA_SPLIT_LAYOUT=wgmma|1x4|2x2 the runs.
 constexpr int64_t kSplitMinTokens = 4096;  // per segment
 constexpr int kSplitMaxSegments = 16;
 
