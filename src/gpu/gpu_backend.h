@@ -54,9 +54,6 @@ struct PrefillPlan {
   // kSplit: the out rows' products in 3xTF32 (FLASHKDA_STITCH_3XTF32=1), else 2xTF32 (out_a
   // rounded to tf32 once; StitchParams::x_split)
   bool stitch_rows_3xtf32 = false;
-  // kSplit: the out rows beside the chain of states, on the multiprocessors it leaves, waiting on
-  // its ready flags (FLASHKDA_STITCH_OVERLAP=0: after it)
-  bool stitch_overlap = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
@@ -66,20 +63,17 @@ struct PrefillPlan {
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
-  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets) and
-  // its stitch ready flags ([S, H] uint32, stitch_ready_bytes).
+  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
   // tail_bytes: the prep tail's counters and ready flags
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, tail_bytes = 0;
-  size_t stitch_ready_bytes = 0;
 
   // The records in WgmmaRecord's layout (the wgmma state pass reads them), else ChunkRecord's.
   bool wgmma_records() const { return pass == Pass::kWgmma || split_wgmma; }
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
-    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + stitch_ready_bytes +
-           tail_bytes;
+    return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + tail_bytes;
   }
 };
 

@@ -699,9 +699,7 @@ TEST_F(GpuPrefill, StateAfterPrepMatchesPlainLaunchBitForBit) {
 
 // The split pass's stitch forms give the same results bit for bit: the segment states chained in
 // one launch (FLASHKDA_STITCH_CHAIN, the default) or a launch a step (=0), the out rows by blocks
-// that keep M across tiles (FLASHKDA_STITCH_ROWS, the default) or a block a tile (=0), and with
-// both, the rows beside the chain (the default from S = 3) or after it (FLASHKDA_STITCH_OVERLAP=0).
-// 2 to 8 segments, a bf16, an fp32 or no final
+// that keep M across tiles (FLASHKDA_STITCH_ROWS, the default) or a block a tile (=0). 2 to 8 segments, a bf16, an fp32 or no final
 // state (the chain then stops a step early); a long sequence where the row blocks take several
 // tiles each across (segment, head) boundaries (T = 20000, 4 heads: ~630 tiles on at most one
 // block a multiprocessor); then against the oracle.
@@ -738,12 +736,9 @@ TEST_F(GpuPrefill, StitchExperimentsMatchTheDefaultBitForBit) {
       expect_same_outputs(dev, base, name);
       for (const char* v : variant) setenv(v, "0", 1);
     }
-    unsetenv("FLASHKDA_STITCH_CHAIN");  // the default: both, the rows beside the chain (S >= 3)
+    unsetenv("FLASHKDA_STITCH_CHAIN");  // the default: both
     unsetenv("FLASHKDA_STITCH_ROWS");
     expect_same_outputs(dev, base, "the default stitch");
-    setenv("FLASHKDA_STITCH_OVERLAP", "0", 1);  // both, the rows after the chain
-    expect_same_outputs(dev, base, "FLASHKDA_STITCH_OVERLAP=0");
-    unsetenv("FLASHKDA_STITCH_OVERLAP");
     if (c.tokens <= 2000 && c.final_form != 0) expect_matches_oracle(host);
   }
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");

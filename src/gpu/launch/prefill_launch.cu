@@ -288,14 +288,6 @@ PrefillPlan plan_prefill(const Problem& p) {
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
-    // The out rows beside the chain (StitchChain::ready): where both have one launch, there are
-    // rows and a chain step they wait for (S >= 3; a final state alone does not count), and the
-    // chain leaves multiprocessors to them.
-    plan.stitch_overlap = forced_switch("FLASHKDA_STITCH_OVERLAP") != 0 && plan.stitch_chain_launch &&
-                          plan.stitch_rows_kept && p.total_tokens > 0 && plan.split_segments >= 3 &&
-                          plan.multiprocessors > kStitchChainBlocks * p.H;
-    if (plan.stitch_overlap)
-      plan.stitch_ready_bytes = static_cast<size_t>(plan.split_segments * p.H) * sizeof(uint32_t);
   } else if (plan.pass == PrefillPlan::Pass::kPersistent) {
     plan.counter_bytes = kItemCounterBytes;
     if (orders_sequences(p)) plan.counter_bytes += static_cast<size_t>(p.N) * sizeof(int);
@@ -326,11 +318,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.wgmma_records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    if (plan.stitch_overlap) {  // zeroed by the prep grid: the stitch's ready flags after the split buffers
-      prep.stitch_ready = reinterpret_cast<uint32_t*>(after_records + 3 * (plan.split_segments - 1) * plan.split_state_bytes +
-                                                      2 * plan.split_row_bytes);
-      prep.stitch_ready_count = static_cast<int>(plan.stitch_ready_bytes / sizeof(uint32_t));
-    }
     if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
       const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
@@ -393,7 +380,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   float* const b_t = boundary + (S - 1) * state_elems;
   float* const a_t = b_t + (S - 1) * state_elems;
   float* const out_b = a_t + (S - 1) * state_elems;
-  auto* const ready = plan.stitch_overlap ? reinterpret_cast<uint32_t*>(out_b + 2 * row_elems) : nullptr;  // [S, H]
   state.split = {S, plan.split_compact, boundary, b_t, a_t, out_b, out_b + row_elems};
   if (plan.split_wgmma) launch_state_wgmma(state, stream);
   else launch_state(state, config, stream);
@@ -402,7 +388,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   const int chain_steps = p.final_state ? S - 1 : S - 2;
   if (plan.stitch_chain_launch) {
     const StitchChain chain{boundary, a_t, b_t, p.final_state, p.final_state_dtype == DType::kF32, S, chain_steps,
-                            state_elems, ready};
+                            state_elems};
     if (chain_steps > 0) launch_stitch_chain(chain, H, stream);
   } else {
     for (int s = 1; s <= chain_steps; ++s) {  // one launch a step
@@ -420,10 +406,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
     const int64_t segment_rows = (chunks + S - 1) / S * kChunk;
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
-                      kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32, ready};
-    // Beside the chain: on the multiprocessors its blocks leave.
-    const int row_blocks = plan.multiprocessors - (ready ? kStitchChainBlocks * H : 0);
-    if (plan.stitch_rows_kept) launch_stitch_rows(rows, H, row_blocks, stream);
+                      kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
+    if (plan.stitch_rows_kept) launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     else launch_stitch(rows, H, stream, S - 1);
   }
 }

@@ -50,9 +50,6 @@ struct PrepParams {
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
   PrepTail tail;                     // launch_prep_tail only
-  // The split pass's stitch ready flags (StitchChain::ready), zeroed by block (0, 0), or nullptr.
-  uint32_t* stitch_ready = nullptr;
-  int stitch_ready_count = 0;
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
@@ -137,10 +134,6 @@ struct StitchParams {
   // (2xTF32), for the out rows, whose X (out_a) only adds its own rounding, ~2^-12 relative, to
   // out (stitch_kernel.cu). The chain of segment states keeps the split.
   bool x_split = true;
-  // launch_stitch_rows beside the chain (StitchChain::ready): segment s's rows wait until
-  // S_{s-1} is in M (s >= 2), and the row blocks take every segment's tiles in segment order;
-  // nullptr: after the chain.
-  const uint32_t* ready = nullptr;
 };
 
 // The chain of the split pass's segment states in one launch (stitch_kernel.cu):
@@ -156,9 +149,6 @@ struct StitchChain {
   int segments;             // S
   int steps;                // S - 1 with a final state, else S - 2
   int64_t segment_stride;   // elements between two segments' buffers
-  // [S, H] or nullptr: ready[s H + h] counts the blocks of head h that have stored S_s^T (zeroed
-  // before the chain; the out rows running beside it wait on them).
-  uint32_t* ready = nullptr;
 };
 
 // How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
@@ -184,12 +174,9 @@ void launch_state_wgmma(const StateParams& p, cudaStream_t stream);
 // grid.z = segment_launches: that many consecutive segments from p.segment on (row stitches).
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches = 1);
 // The out rows of segments 1 .. S-1 (p as for launch_stitch with segment 1, M transposed) by at
-// most `blocks` blocks, each keeping its (segment, head)'s M across consecutive row tiles. With
-// p.ready: launched programmatically right after launch_stitch_chain, beside it.
-void launch_stitch_rows(const StitchParams& p, int heads, int blocks, cudaStream_t stream);
-// StitchChain: a block per 64 rows of each head's S^T (kStitchChainBlocks a head), every step in
-// one launch (p.steps >= 1).
-constexpr int kStitchChainBlocks = 2;
+// most `sms` blocks, each keeping its (segment, head)'s M across consecutive row tiles.
+void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream);
+// StitchChain: a block per 64 rows of each head's S^T, every step in one launch (p.steps >= 1).
 void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream);
 
 }  // namespace flashkda::gpu

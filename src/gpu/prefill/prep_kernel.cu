@@ -538,8 +538,6 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
   // The persistent state pass that follows in the stream counts its items from zero.
   if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
-  if (slot == 0 && h == 0)  // the stitch's ready flags (StitchChain::ready), for the kernels after this grid
-    for (int i = threadIdx.x; i < p.stitch_ready_count; i += kThreads) p.stitch_ready[i] = 0;
   if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
   int64_t seq, t0;
   int count;

@@ -9,7 +9,6 @@
 #include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 #include "gpu/ptx/mma.cuh"
 
 namespace flashkda::gpu {
@@ -224,11 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
 // values one launch a step reads back: the same results bit for bit), and loads the next step's
 // A^T into registers while this step's products run. One launch a step took ~15 us each (ncu at
 // 4036296, P8: 7 steps of 8 blocks).
-// With p.ready, each step's S_s^T is published to the out rows running beside the chain
-// (stitch_rows_kernel): the block's stores, its barrier, then one thread's fence and count.
-static_assert(kStitchChainBlocks * kRows == kHeadDim, "the chain's blocks of a head cover its 128 rows");
 __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchChain p) {
-  ptx::griddep_launch_dependents();  // the out rows grid after this one may start: every block is resident
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
@@ -259,10 +254,6 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
                });
     if (more) store_m(next, m_tile, tid);
     __syncthreads();
-    if (p.ready && tid == 0) {  // every thread's S_s^T stores are done (the barrier)
-      __threadfence();
-      atomicAdd(p.ready + s * gridDim.y + blockIdx.y, 1u);
-    }
   }
 }
 
@@ -275,24 +266,14 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and wait on each load: the
 // rows ran at 1.3 TB/s at P8 (ncu at 4036296, 224 us). The same products and sums, tile for
 // tile: bit for bit stitch_kernel's results.
-//
-// With p.ready the grid runs beside the chain (launched programmatically after it, on the
-// multiprocessors it leaves): a block takes an even share of each segment's tiles, segment after
-// segment, so that the blocks move through the segments as the chain publishes their M, and
-// waits for S_{s-1}^T (s >= 2) before loading it.
 template <bool kSplitX>
 __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchParams p, int H, int64_t tiles_per_group) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
   float(*m_tile)[kPairStride] = sm.m;  // S_{s-1}^T as M^T [n][k]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // The deal: this block's k-th tile is tile `first + k` of all (p.ready: of each segment's),
-  // tiles numbered (segment - 1) H tiles_per_group + head tiles_per_group + row tile.
-  const int64_t per_segment = H * tiles_per_group;
-  const int64_t dealt = p.ready ? per_segment : int64_t{p.segments - 1} * per_segment;
-  const int64_t first = dealt * blockIdx.x / gridDim.x, share = dealt * (blockIdx.x + 1) / gridDim.x - first;
-  const int64_t count = p.ready ? int64_t{p.segments - 1} * share : share;
-  auto tile_index = [&](int64_t k) { return p.ready ? (k / share) * per_segment + first + k % share : first + k; };
+  const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
+  const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
   const FragmentPlace f(warp, lane);
   // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
   struct Tile {
@@ -308,18 +289,13 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchPa
   int64_t loaded_group = -1;
   float4 next[kXVectors];
   bool next_loaded = false;
-  for (int64_t k = 0; k < count; ++k) {
-    const Tile t = tile_at(tile_index(k));
+  for (int64_t i = begin; i < end; ++i) {
+    const Tile t = tile_at(i);
     if (t.row0 >= t.row_end) continue;  // past the segment's rows (uniform over the block)
     const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
     const float* x = p.x + h * p.head_stride;
     const float* z = p.z + h * p.head_stride;
     if (t.group != loaded_group) {  // this (segment, head)'s M, and this tile's X
-      if (p.ready && segment >= 2) {  // S_{s-1}^T from the chain running beside this grid
-        if (tid == 0)
-          while (ptx::load_acquire_gpu(p.ready + (segment - 1) * H + h) < kStitchChainBlocks) ptx::nanosleep(256);
-        __syncthreads();
-      }
       float4 mv[kMVectors], xv[kXVectors];
       load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
       load_x_rows(x, p.row_stride, t.row0, t.row_end, xv, tid);
@@ -333,8 +309,8 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchPa
     __syncthreads();
     // The next tile's X, if it is of this group and has rows.
     next_loaded = false;
-    if (k + 1 < count) {
-      const Tile u = tile_at(tile_index(k + 1));
+    if (i + 1 < end) {
+      const Tile u = tile_at(i + 1);
       if (u.group == t.group && u.row0 < u.row_end) {
         load_x_rows(x, p.row_stride, u.row0, u.row_end, next, tid);
         next_loaded = true;
@@ -354,7 +330,6 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchPa
                h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
     __syncthreads();  // every warp is done with this tile's rows before the next tile's land
   }
-  ptx::griddep_wait();  // beside the chain: this grid ends after it
 }
 
 template <bool kTransposed, bool kSplitX>
@@ -373,14 +348,13 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
 template <bool kSplitX>
 void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
                              cudaStream_t stream) {
-  // Beside the chain: programmatically after it.
   constexpr int kSmem = sizeof(StitchSmem);
   static PerDeviceOnce raised;
   raised.run("stitch rows kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_rows_kernel<kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  launch_kernel(stitch_rows_kernel<kSplitX>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream,
-                p.ready != nullptr, "stitch rows kernel", p, heads, tiles_per_group);
+  launch_kernel(stitch_rows_kernel<kSplitX>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
+                "stitch rows kernel", p, heads, tiles_per_group);
 }
 
 }  // namespace
@@ -392,17 +366,16 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
   raised.run("stitch chain kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  launch_kernel(stitch_chain_kernel, dim3(kStitchChainBlocks, static_cast<unsigned>(heads)), dim3(kThreads), kSmem,
-                stream, false, "stitch chain kernel", p);
+  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem, stream,
+                false, "stitch chain kernel", p);
 }
 
-void launch_stitch_rows(const StitchParams& p, int heads, int max_blocks, cudaStream_t stream) {
-  if (p.segment != 1 || !p.m_transposed || p.segments < 2 || max_blocks < 1)
+void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
+  if (p.segment != 1 || !p.m_transposed || p.segments < 2 || sms < 1)
     fail(ErrorCode::kInternal, "stitch rows: segment ", p.segment, " of ", p.segments);
   const int64_t tiles_per_group = (p.rows + kRows - 1) / kRows;
-  // Beside the chain a block takes a share of each segment's tiles: at most that many blocks.
-  const int64_t tiles = int64_t{p.ready ? 1 : p.segments - 1} * heads * tiles_per_group;
-  const int64_t blocks = tiles < max_blocks ? tiles : max_blocks;  // one a multiprocessor (216 registers a thread)
+  const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
+  const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (216 registers a thread)
   if (blocks == 0) return;
   if (p.x_split) launch_stitch_rows_form<true>(p, heads, blocks, tiles_per_group, stream);
   else launch_stitch_rows_form<false>(p, heads, blocks, tiles_per_group, stream);
