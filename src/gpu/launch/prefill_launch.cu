@@ -186,14 +186,16 @@ bool orders_sequences(const Problem& p) {
 // H heads in ~1.41 H / I us (the prep kernel's rate, six blocks a multiprocessor: P1's 49152
 // records in ~524 us on 132) against a chain step of ~1.31 us, so up to 0.93 I / H of the chunks;
 // 0.84 I / H leaves a 10% margin (P1: 31%). The softplus gate's prep is ~1.22x slower (P1: 0.670
-// against 0.549 ms, ncu), so its share is smaller: 0.75 I / H. Measured on the H200 at 5253f3c
+// against 0.549 ms, ncu), so its share is smaller: 0.67 I / H. Measured on the H200 at 5253f3c
 // with the share forced (two runs each): P1 1.055 at 0.315 (the default), 1.073 at 0.28, 1.053 at
-// 0.34, 1.089 at 0.37; P1-softplus 1.287 at 0.315, 1.222 at 0.28 (this rule gives 0.281 there),
-// 1.336 at 0.34, 1.391 at 0.37. FLASHKDA_PREP_TAIL=0 turns it off; FLASHKDA_PREP_TAIL_SHARE=x sets
+// 0.34, 1.089 at 0.37; P1-softplus 1.287 at 0.315, 1.222 at 0.28, 1.336 at 0.34, 1.391 at 0.37;
+// at 9fc21db and 4830f2c (machines of two calls): 1.218 / 1.222 at 0.281, 1.168 / 1.172 at 0.25,
+// 1.177 at 0.26, 1.190 at 0.22 (a call of 0.20 / 0.22 / 0.25 alone read 1.21 / 1.20 / 1.21).
+// This rule gives 0.251 at P1. FLASHKDA_PREP_TAIL=0 turns it off; FLASHKDA_PREP_TAIL_SHARE=x sets
 // the share (tests, measurements).
 constexpr int kMinTailSms = 8;
 constexpr int64_t kMinTailChunks = 64;
-constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.75;  // times I / H
+constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.67;  // times I / H
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   if (plan.pass != PrefillPlan::Pass::kPerItem || c.value_slices != 8 || p.N != 1 || p.checkpoint_offsets ||
