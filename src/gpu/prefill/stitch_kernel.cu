@@ -8,6 +8,7 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
+#include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
 
@@ -262,18 +263,30 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // tiles of every (segment, head), `tiles_per_group` of them each (an upper bound: the segment's
 // own rows decide), are dealt in order, an even share a block; a block keeps the M of its
 // current (segment, head) in shared memory and loads it again only where its share crosses into
-// the next, and has its next tile's X and this tile's Z in flight while this tile's products run.
-// stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and wait on each load: the
-// rows ran at 1.3 TB/s at P8 (ncu at 4036296, 224 us). The same products and sums, tile for
-// tile: bit for bit stitch_kernel's results.
+// the next. Each tile's X and Z come by the copy engine (tensor-map boxes, p.x_rows, p.z_rows)
+// into one of two stages, the next tile's issued by thread 0 as this one's products start, so
+// that the loads never wait behind the products (the register-staged form ran at 1.6 TB/s at P8:
+// 193 us, ncu at 443eb06). stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and
+// wait on each load. The same products and sums, tile for tile: bit for bit stitch_kernel's
+// results.
+struct RowsSmem {
+  float m[kHeadDim][kPairStride];        // S_{s-1}^T as M^T [n][k]
+  float x[2][kRows][kStitchRowStride];   // the stages: X rows (8 zero columns past each row)
+  float z[2][kRows][kStitchRowStride];   // Z rows
+};
+static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride, "X tiles in the rows stages are read as multiply_rows reads them");
+static_assert(sizeof(float) * kRows * kStitchRowStride % 128 == 0, "stages stay 128-byte aligned");
+constexpr uint32_t kRowsBoxBytes = sizeof(float) * kRows * kStitchRowStride;  // one tensor-map box
+
 template <bool kSplitX>
-__global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchParams p, int H, int64_t tiles_per_group) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
-  float(*m_tile)[kPairStride] = sm.m;  // S_{s-1}^T as M^T [n][k]
+__global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_constant__ StitchParams p, int H,
+                                                                  int64_t tiles_per_group) {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127));
+  __shared__ uint64_t full[2];  // a stage's X and Z boxes landed
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
-  const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
+  const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
   const FragmentPlace f(warp, lane);
   // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
   struct Tile {
@@ -286,49 +299,46 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const StitchPa
     t.row0 = t.row_begin + (i % tiles_per_group) * kRows;
     return t;
   };
+  // Thread 0: the k-th tile's X and Z rows into stage k % 2 (a tile past its segment's rows too,
+  // so that every tile has its phase; rows past the tensor arrive as zeros).
+  auto issue = [&](int64_t k) {
+    const Tile u = tile_at(begin + k);
+    const int stage = static_cast<int>(k & 1);
+    const int h = static_cast<int>(u.group % H), row0 = static_cast<int>(u.row0);  // < 2^31 tokens (the plan)
+    ptx::mbarrier_arrive_expect_tx(&full[stage], 2 * kRowsBoxBytes);
+    ptx::tensor_copy_3d_g2s(&sm.x[stage][0][0], &p.x_rows, 0, h, row0, &full[stage]);
+    ptx::tensor_copy_3d_g2s(&sm.z[stage][0][0], &p.z_rows, 0, h, row0, &full[stage]);
+  };
+  if (tid == 0) {
+    ptx::mbarrier_init(&full[0], 1);
+    ptx::mbarrier_init(&full[1], 1);
+    ptx::fence_mbarrier_init();
+    if (count > 0) issue(0);
+  }
+  __syncthreads();
   int64_t loaded_group = -1;
-  float4 next[kXVectors];
-  bool next_loaded = false;
-  for (int64_t i = begin; i < end; ++i) {
-    const Tile t = tile_at(i);
-    if (t.row0 >= t.row_end) continue;  // past the segment's rows (uniform over the block)
+  for (int64_t k = 0; k < count; ++k) {
+    // Stage (k + 1) % 2 was read by tile k - 1, done at its trailing barrier.
+    if (tid == 0 && k + 1 < count) issue(k + 1);
+    const Tile t = tile_at(begin + k);
     const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
-    const float* x = p.x + h * p.head_stride;
-    const float* z = p.z + h * p.head_stride;
-    if (t.group != loaded_group) {  // this (segment, head)'s M, and this tile's X
-      float4 mv[kMVectors], xv[kXVectors];
+    if (t.row0 < t.row_end && t.group != loaded_group) {  // this (segment, head)'s M (no thread reads M now)
+      float4 mv[kMVectors];
       load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
-      load_x_rows(x, p.row_stride, t.row0, t.row_end, xv, tid);
-      __syncthreads();  // the previous tile's readers are done (its trailing barrier covers that too)
-      store_m(mv, m_tile, tid);
-      store_x_rows(xv, sm.x, tid);
+      store_m(mv, sm.m, tid);
       loaded_group = t.group;
-    } else if (next_loaded) {
-      store_x_rows(next, sm.x, tid);
+      __syncthreads();
     }
-    __syncthreads();
-    // The next tile's X, if it is of this group and has rows.
-    next_loaded = false;
-    if (i + 1 < end) {
-      const Tile u = tile_at(i + 1);
-      if (u.group == t.group && u.row0 < u.row_end) {
-        load_x_rows(x, p.row_stride, u.row0, u.row_end, next, tid);
-        next_loaded = true;
-      }
+    const int stage = static_cast<int>(k & 1);
+    ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
+    if (t.row0 < t.row_end) {  // uniform over the block
+      float acc[kNTiles][4];
+      multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
+      const auto& z = sm.z[stage];
+      store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
+                 p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
     }
-    float2 zv[2][kNTiles];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = t.row0 + f.row(half);
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j)
-        zv[half][j] = row < t.row_end ? load2(z + row * p.row_stride + f.col(j)) : make_float2(0.0f, 0.0f);
-    }
-    float acc[kNTiles][4];
-    multiply_rows<kPairStride, true, kSplitX>(sm.x, m_tile, warp, lane, acc);
-    store_rows(acc, [&](int half, int j, int64_t, int) { return zv[half][j]; }, p.y, p.y_f32, p.row_stride,
-               h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
-    __syncthreads();  // every warp is done with this tile's rows before the next tile's land
+    __syncthreads();  // every warp is done with this stage (and M) before they are written again
   }
 }
 
@@ -348,7 +358,8 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
 template <bool kSplitX>
 void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
                              cudaStream_t stream) {
-  constexpr int kSmem = sizeof(StitchSmem);
+  constexpr int kSmem = sizeof(RowsSmem) + 128;  // + the alignment the stages' tensor-map copies need
+  static_assert(kSmem <= 227 * 1024, "M and two stages in one block's shared memory");
   static PerDeviceOnce raised;
   raised.run("stitch rows kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_rows_kernel<kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -375,7 +386,7 @@ void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t 
     fail(ErrorCode::kInternal, "stitch rows: segment ", p.segment, " of ", p.segments);
   const int64_t tiles_per_group = (p.rows + kRows - 1) / kRows;
   const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
-  const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (216 registers a thread)
+  const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (its shared memory)
   if (blocks == 0) return;
   if (p.x_split) launch_stitch_rows_form<true>(p, heads, blocks, tiles_per_group, stream);
   else launch_stitch_rows_form<false>(p, heads, blocks, tiles_per_group, stream);
