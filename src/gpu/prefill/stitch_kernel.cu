@@ -239,17 +239,26 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
     store_x_rows(xv, sm.x, tid);
   }
   __syncthreads();
+  const FragmentPlace f(warp, lane);
   for (int s = 1; s <= p.steps; ++s) {
     const bool more = s < p.steps;
     float4 next[kMVectors];
     if (more) load_m(p.a_t + s * p.segment_stride + head, next, tid);  // A_{s+1}^T, in flight
+    // This step's B_s^T pairs, in flight during the products: loaded after them, their latency
+    // held ~45% of the kernel's stall samples (ncu at ef3205e, P8: 166 us for 15 steps).
+    const ZFromMemory b{p.b_t + (s - 1) * p.segment_stride + head, kHeadDim};
+    float2 zv[2][kNTiles];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) zv[half][j] = b(half, j, row0 + f.row(half), f.col(j));
     float acc[kNTiles][4];
     multiply_rows<kWordStride, false, true>(sm.x, m_tile, warp, lane, acc);
     __syncthreads();  // every warp is done with this step's rows and A^T
     const bool to_final = s == p.segments - 1;
     void* y = to_final ? p.final_state : static_cast<void*>(p.boundary + s * p.segment_stride);
-    store_rows(acc, ZFromMemory{p.b_t + (s - 1) * p.segment_stride + head, kHeadDim}, y,
-               to_final ? p.final_f32 : true, kHeadDim, head, row0, 0, kHeadDim, FragmentPlace(warp, lane),
+    store_rows(acc, [&](int half, int j, int64_t, int) { return zv[half][j]; }, y,
+               to_final ? p.final_f32 : true, kHeadDim, head, row0, 0, kHeadDim, f,
                [&](int r, int col, float y0, float y1) {
                  if (more) *reinterpret_cast<float2*>(&sm.x[r][col]) = make_float2(y0, y1);
                });
