@@ -412,10 +412,11 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     if (plan.stitch_rows_kept) {
       rows.x_rows = encode_token_rows_map(rows.x, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
                                          kStitchRowStride, true);
+      rows.z_rows = encode_token_rows_map(rows.z, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
+                                         kStitchRowStride, true);
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
-    } else {
-      launch_stitch(rows, H, stream, S - 1);
     }
+    else launch_stitch(rows, H, stream, S - 1);
   }
 }
 

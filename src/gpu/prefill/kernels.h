@@ -134,9 +134,9 @@ struct StitchParams {
   // (2xTF32), for the out rows, whose X (out_a) only adds its own rounding, ~2^-12 relative, to
   // out (stitch_kernel.cu). The chain of segment states keeps the split.
   bool x_split = true;
-  // launch_stitch_rows: X as a tensor map of [64 rows][kStitchRowStride] fp32 boxes of one head
-  // (encode_token_rows_map; rows, not segments: the kernel keeps to the segment's rows).
-  CUtensorMap x_rows{};
+  // launch_stitch_rows: X and Z as tensor maps of [64 rows][kStitchRowStride] fp32 boxes of one
+  // head (encode_token_rows_map; rows, not segments: the kernel keeps to the segment's rows).
+  CUtensorMap x_rows{}, z_rows{};
 };
 constexpr int kStitchRowTile = 64;         // the rows kernel's tiles: rows of one head
 constexpr int kStitchRowStride = 128 + 8;  // the rows kernel's X and Z rows in shared memory (fp32)

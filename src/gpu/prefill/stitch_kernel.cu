@@ -272,20 +272,18 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // tiles of every (segment, head), `tiles_per_group` of them each (an upper bound: the segment's
 // own rows decide), are dealt in order, an even share a block; a block keeps the M of its
 // current (segment, head) in shared memory and loads it again only where its share crosses into
-// the next. Each tile's X rows come by the copy engine (tensor-map boxes, p.x_rows) into a ring
-// of kRowStages shared-memory stages, issued by thread 0 kRowStages - 1 tiles ahead; its Z pairs
-// are loaded into registers as the tile starts and land during its products. The register-staged
-// form (X and Z loaded during the previous tile's products) ran at 1.6 TB/s at P8 (193 us, ncu at
-// 443eb06); two stages of X and Z boxes, 1.9 TB/s (160 us, ef3205e). stitch_kernel's one-tile
-// blocks load M (64 KB) for every 32 KB of X and wait on each load. The same products and sums,
-// tile for tile: bit for bit stitch_kernel's results.
-constexpr int kRowStages = 4;
+// the next. Each tile's X and Z come by the copy engine (tensor-map boxes, p.x_rows, p.z_rows)
+// into one of two stages, the next tile's issued by thread 0 as this one's products start, so
+// that the loads never wait behind the products (the register-staged form ran at 1.6 TB/s at P8:
+// 193 us, ncu at 443eb06). stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and
+// wait on each load. The same products and sums, tile for tile: bit for bit stitch_kernel's
+// results.
 struct RowsSmem {
-  float m[kHeadDim][kPairStride];                 // S_{s-1}^T as M^T [n][k]
-  float x[kRowStages][kRows][kStitchRowStride];   // the stages: X rows (8 zero columns past each row)
+  float m[kHeadDim][kPairStride];        // S_{s-1}^T as M^T [n][k]
+  float x[2][kRows][kStitchRowStride];   // the stages: X rows (8 zero columns past each row)
+  float z[2][kRows][kStitchRowStride];   // Z rows
 };
-static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride,
-              "X tiles in the rows stages are read as multiply_rows reads them");
+static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride, "X tiles in the rows stages are read as multiply_rows reads them");
 static_assert(sizeof(float) * kRows * kStitchRowStride % 128 == 0, "stages stay 128-byte aligned");
 constexpr uint32_t kRowsBoxBytes = sizeof(float) * kRows * kStitchRowStride;  // one tensor-map box
 
@@ -294,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
                                                                   int64_t tiles_per_group) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127));
-  __shared__ uint64_t full[kRowStages];  // a stage's X box landed
+  __shared__ uint64_t full[2];  // a stage's X and Z boxes landed
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
   const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
@@ -310,52 +308,44 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
     t.row0 = t.row_begin + (i % tiles_per_group) * kRows;
     return t;
   };
-  // Thread 0: the k-th tile's X rows into stage k % kRowStages (a tile past its segment's rows
-  // too, so that every tile has its phase; rows past the tensor arrive as zeros).
+  // Thread 0: the k-th tile's X and Z rows into stage k % 2 (a tile past its segment's rows too,
+  // so that every tile has its phase; rows past the tensor arrive as zeros).
   auto issue = [&](int64_t k) {
     const Tile u = tile_at(begin + k);
-    const int stage = static_cast<int>(k % kRowStages);
+    const int stage = static_cast<int>(k & 1);
     const int h = static_cast<int>(u.group % H), row0 = static_cast<int>(u.row0);  // < 2^31 tokens (the plan)
-    ptx::mbarrier_arrive_expect_tx(&full[stage], kRowsBoxBytes);
+    ptx::mbarrier_arrive_expect_tx(&full[stage], 2 * kRowsBoxBytes);
     ptx::tensor_copy_3d_g2s(&sm.x[stage][0][0], &p.x_rows, 0, h, row0, &full[stage]);
+    ptx::tensor_copy_3d_g2s(&sm.z[stage][0][0], &p.z_rows, 0, h, row0, &full[stage]);
   };
   if (tid == 0) {
-    for (int i = 0; i < kRowStages; ++i) ptx::mbarrier_init(&full[i], 1);
+    ptx::mbarrier_init(&full[0], 1);
+    ptx::mbarrier_init(&full[1], 1);
     ptx::fence_mbarrier_init();
-    for (int64_t k = 0; k < count && k < kRowStages - 1; ++k) issue(k);
+    if (count > 0) issue(0);
   }
   __syncthreads();
   int64_t loaded_group = -1;
   for (int64_t k = 0; k < count; ++k) {
-    // Stage (k - 1) % kRowStages was read by tile k - 1, done at its trailing barrier.
-    if (tid == 0 && k + kRowStages - 1 < count) issue(k + kRowStages - 1);
+    // Stage (k + 1) % 2 was read by tile k - 1, done at its trailing barrier.
+    if (tid == 0 && k + 1 < count) issue(k + 1);
     const Tile t = tile_at(begin + k);
+    const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
+    if (t.row0 < t.row_end && t.group != loaded_group) {  // this (segment, head)'s M (no thread reads M now)
+      float4 mv[kMVectors];
+      load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
+      store_m(mv, sm.m, tid);
+      loaded_group = t.group;
+      __syncthreads();
+    }
+    const int stage = static_cast<int>(k & 1);
+    ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
     if (t.row0 < t.row_end) {  // uniform over the block
-      const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
-      const float* z = p.z + h * p.head_stride;
-      float2 zv[2][kNTiles];  // this tile's Z pairs, landing during the products
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = t.row0 + f.row(half);
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j)
-          zv[half][j] = row < t.row_end ? load2(z + row * p.row_stride + f.col(j)) : make_float2(0.0f, 0.0f);
-      }
-      if (t.group != loaded_group) {  // this (segment, head)'s M (no thread reads M now)
-        float4 mv[kMVectors];
-        load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
-        store_m(mv, sm.m, tid);
-        loaded_group = t.group;
-        __syncthreads();
-      }
-      const int stage = static_cast<int>(k % kRowStages);
-      ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k / kRowStages) & 1u);
       float acc[kNTiles][4];
       multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
-      store_rows(acc, [&](int half, int j, int64_t, int) { return zv[half][j]; }, p.y, p.y_f32, p.row_stride,
-                 h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
-    } else {
-      ptx::mbarrier_wait_parity(&full[k % kRowStages], static_cast<uint32_t>(k / kRowStages) & 1u);  // its phase
+      const auto& z = sm.z[stage];
+      store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
+                 p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
     }
     __syncthreads();  // every warp is done with this stage (and M) before they are written again
   }
@@ -378,7 +368,7 @@ template <bool kSplitX>
 void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
                              cudaStream_t stream) {
   constexpr int kSmem = sizeof(RowsSmem) + 128;  // + the alignment the stages' tensor-map copies need
-  static_assert(kSmem <= 227 * 1024, "M and the stages in one block's shared memory");
+  static_assert(kSmem <= 227 * 1024, "M and two stages in one block's shared memory");
   static PerDeviceOnce raised;
   raised.run("stitch rows kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_rows_kernel<kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
