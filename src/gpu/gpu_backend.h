@@ -97,7 +97,6 @@ struct CudaPlan {
   Kernels kernels = Kernels::kChunkedPrefill;
   PrefillPlan prefill;  // kChunkedPrefill only
 
-
   size_t workspace_bytes() const { return kernels == Kernels::kRecurrent ? 0 : prefill.workspace_bytes(); }
 };
 CudaPlan plan_cuda(const Problem& p);

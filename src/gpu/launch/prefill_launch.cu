@@ -279,7 +279,8 @@ PrefillPlan plan_prefill(const Problem& p) {
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
 
-  plan.record_bytes = static_cast<size_t>(slots * p.H) * (plan.wgmma_records() ? WgmmaRecord::kBytes : ChunkRecord::kBytes);
+  const size_t record = plan.wgmma_records() ? WgmmaRecord::kBytes : ChunkRecord::kBytes;
+  plan.record_bytes = static_cast<size_t>(slots * p.H) * record;
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
   // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
@@ -415,8 +416,9 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
       rows.z_rows = encode_token_rows_map(rows.z, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
                                          kStitchRowStride, true);
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
+    } else {
+      launch_stitch(rows, H, stream, S - 1);
     }
-    else launch_stitch(rows, H, stream, S - 1);
   }
 }
 

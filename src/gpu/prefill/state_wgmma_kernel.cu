@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 
   // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
   const int64_t v_token0 = a_run ? p.seqs.total_tokens : bos;
-  auto fill = [&](int i) {  // thread 0: the run's chunk c_begin + i into its stage (free: first lap, or waited for)
+  // Thread 0: the run's chunk c_begin + i into its stage (free: first lap, or waited for).
+  auto fill = [&](int i) {
     const auto to = Ring::Cursor::of_fill(i);
     const int c = c_begin + i;
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,

@@ -279,11 +279,12 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // wait on each load. The same products and sums, tile for tile: bit for bit stitch_kernel's
 // results.
 struct RowsSmem {
-  float m[kHeadDim][kPairStride];        // S_{s-1}^T as M^T [n][k]
-  float x[2][kRows][kStitchRowStride];   // the stages: X rows (8 zero columns past each row)
-  float z[2][kRows][kStitchRowStride];   // Z rows
+  float m[kHeadDim][kPairStride];       // S_{s-1}^T as M^T [n][k]
+  float x[2][kRows][kStitchRowStride];  // the stages: X rows (8 zero columns past each row)
+  float z[2][kRows][kStitchRowStride];  // Z rows
 };
-static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride, "X tiles in the rows stages are read as multiply_rows reads them");
+static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride,
+              "X tiles in the rows stages are read as multiply_rows reads them");
 static_assert(sizeof(float) * kRows * kStitchRowStride % 128 == 0, "stages stay 128-byte aligned");
 constexpr uint32_t kRowsBoxBytes = sizeof(float) * kRows * kStitchRowStride;  // one tensor-map box
 
