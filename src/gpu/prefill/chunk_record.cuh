@@ -92,7 +92,40 @@ struct WgmmaRecordOf {
   __host__ __device__ static constexpr uint32_t m(int t, int tp) {
     return kM + (tp / 8) * kTokenTile + wgmma_tile_offset(t, permuted_slot(tp % 8));
   }
+  // The pair a lane holds in an mma C fragment of n-tile n, token half r: token g + 8 r (g = lane
+  // / 4), channels 8 n + 2 t4 and + 1 (t4 = lane % 4). Where wk() and qe() put the even element,
+  // in shifts and adds (the prep kernel's stores: the general forms' signed divisions took ~130
+  // instructions there); the odd one is kOddSlot bytes on (slot t4 + 4 of the permuted tile).
+  static constexpr uint32_t kOddSlot = 128;
+  __host__ __device__ static constexpr uint32_t wk_pair(int n, int r, int lane) {
+    return kWkQe + n * kPairTile + r * 256 + (lane >> 2) * 16 + (lane & 3) * 4;
+  }
+  __host__ __device__ static constexpr uint32_t qe_pair(int n, int r, int lane) {
+    return wk_pair(n, r, lane) + (kTokens / 8) * 256;
+  }
+  // kr(8 ts, c): channel c's row of token step ts, from slot 0 (c >= 0), in shifts and adds.
+  __host__ __device__ static constexpr uint32_t kr_row(int ts, int c) {
+    return kKr + ts * kChannelTile + (c >> 3) * 256 + (c & 7) * 16;
+  }
 };
+// wk_pair, qe_pair and kr_row against wk, qe and kr for every n-tile, token half, lane and channel.
+template <int kTokens>
+constexpr bool pair_offsets_agree() {
+  using R = WgmmaRecordOf<kTokens>;
+  for (int n = 0; n < kHeadDim / 8; ++n)
+    for (int r = 0; r < kTokens / 8; ++r)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int t = lane / 4 + 8 * r, k = 8 * n + 2 * (lane % 4);
+        if (R::wk_pair(n, r, lane) != R::wk(t, k) || R::wk_pair(n, r, lane) + R::kOddSlot != R::wk(t, k + 1) ||
+            R::qe_pair(n, r, lane) != R::qe(t, k) || R::qe_pair(n, r, lane) + R::kOddSlot != R::qe(t, k + 1))
+          return false;
+      }
+  for (int ts = 0; ts < kTokens / 8; ++ts)
+    for (int c = 0; c < kHeadDim; ++c)
+      if (R::kr_row(ts, c) != R::kr(8 * ts, c)) return false;
+  return true;
+}
+static_assert(pair_offsets_agree<16>() && pair_offsets_agree<32>(), "the lane offsets are wk's, qe's and kr's");
 using WgmmaRecord = WgmmaRecordOf<kChunk>;
 static_assert(WgmmaRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
 static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");

@@ -157,7 +157,7 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   if constexpr (kWgmma) {
 #pragma unroll
     for (int ts = 0; ts < 2; ++ts) {
-      uint8_t* dst = rec + WgmmaRecord::kr(8 * ts, c);  // slots 0..3: tokens 8 ts + 0, 2, 4, 6; 4..7: the odd ones
+      uint8_t* dst = rec + WgmmaRecord::kr_row(ts, c);  // slots 0..3: tokens 8 ts + 0, 2, 4, 6; 4..7: the odd ones
 #pragma unroll
       for (int odd = 0; odd < 2; ++odd)
         *reinterpret_cast<float4*>(dst + 128 * odd) =
@@ -476,8 +476,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
         if constexpr (kWgmma) {  // token g + 8 r, channels ch + 2 t4 (+1): k-step ntile, elements 2 t4 (+1)
-          *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4)) = x.x;
-          *reinterpret_cast<float*>(rec + WgmmaRecord::wk(g + 8 * r, ch + 2 * t4 + 1)) = x.y;
+          uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
+          *reinterpret_cast<float*>(at) = x.x;
+          *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
         } else {
           *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
         }
@@ -492,8 +493,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if constexpr (kWgmma) {  // fp32 (tf32-rounded): the wgmma pass reads Qe as a tf32 operand
-          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4)) = ptx::tf32_operand(qe[2 * r]);
-          *reinterpret_cast<float*>(rec + WgmmaRecord::qe(g + 8 * r, ch + 2 * t4 + 1)) = ptx::tf32_operand(qe[2 * r + 1]);
+          uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
+          *reinterpret_cast<float*>(at) = ptx::tf32_operand(qe[2 * r]);
+          *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(qe[2 * r + 1]);
         } else {
           *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
               ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
