@@ -66,6 +66,19 @@ struct StateSplit {
   float* out_b = nullptr;      // [total, H, 128 v] rows of segments 1 .. S-1
   float* out_a = nullptr;      // [total, H, 128 j] rows of segments 1 .. S-1
 
+  // Run r of the pass (blockIdx.y of the state kernels): 0 runs segment 0 from the initial state;
+  // 2s - 1 runs segment s from zero (B_s), 2s from the identity with v = 0 (A_s).
+  __host__ __device__ static int segment_of(int run) { return (run + 1) / 2; }
+  __host__ __device__ static bool is_a_run(int run) { return run > 0 && run % 2 == 0; }
+  // Where run r > 0 writes its fp32 partial out rows.
+  __host__ __device__ float* run_out(int run) const { return is_a_run(run) ? out_a : out_b; }
+  // Where run r writes its final state (state_elems: one [N, H, 128, 128] state, N = 1).
+  __host__ __device__ float* run_final(int run, int64_t state_elems) const {
+    return run == 0         ? boundary
+           : is_a_run(run) ? a_t + (segment_of(run) - 1) * state_elems
+                           : b_t + (segment_of(run) - 1) * state_elems;
+  }
+
   // Chunks [begin, end) of segment s of a sequence of `chunks` chunks.
   __host__ __device__ static void segment_chunks(int chunks, int segments, int s, int& begin, int& end) {
     const int per = (chunks + segments - 1) / segments;

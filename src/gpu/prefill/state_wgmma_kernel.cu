@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   const int num_chunks = static_cast<int>((eos - bos + kChunk - 1) / kChunk);  // < 2^31 tokens
   int c_begin = 0, c_end = num_chunks;  // the chunks this block runs
   const int run = kSplit ? static_cast<int>(blockIdx.y) : 0;
-  const int segment = (run + 1) / 2;  // runs 2s - 1 (B) and 2s (A) share segment s
-  const bool a_run = kSplit && run > 0 && run % 2 == 0;
+  const int segment = StateSplit::segment_of(run);
+  const bool a_run = kSplit && StateSplit::is_a_run(run);
   if constexpr (kSplit) StateSplit::segment_chunks(num_chunks, p.split.segments, segment, c_begin, c_end);
   const int64_t record_stride = static_cast<int64_t>(H) * WgmmaRecord::kBytes;
   const uint8_t* records =
@@ -115,15 +115,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
     }
   };
   if (!kSplit || run == 0) run_chunks(p.out);
-  else run_chunks(a_run ? p.split.out_a : p.split.out_b);
+  else run_chunks(p.split.run_out(run));
 
   if constexpr (kSplit) {
-    // One [N, H, 128, 128] state per segment in each buffer (N = 1 here).
-    const int64_t state_elems = p.seqs.num_seqs * H * int64_t{kHeadDim} * kHeadDim;
-    float* const final_state = run == 0  ? p.split.boundary
-                               : a_run ? p.split.a_t + (segment - 1) * state_elems
-                                       : p.split.b_t + (segment - 1) * state_elems;
-    store_state<StateOrder::kC>(acc, final_state, true, state_row0, 0, lane);
+    const int64_t state_elems = p.seqs.num_seqs * H * int64_t{kHeadDim} * kHeadDim;  // one state a buffer
+    store_state<StateOrder::kC>(acc, p.split.run_final(run, state_elems), true, state_row0, 0, lane);
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
   }
