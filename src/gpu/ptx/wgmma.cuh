@@ -63,8 +63,9 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
 
 // D = A B^T (+ D when `accumulate`) for D [64 x N], A [64 x 8] in registers, B [N x 8] through
 // `b_desc` (handed over as two words: its high word, the stride offset, is then one constant
-// register pair for every wgmma, and only the start address changes from one to the next); tf32 inputs (fp32 bit patterns, the low 13 mantissa bits ignored), fp32 D. Issued
-// asynchronously: wgmma_commit, then wgmma_wait, before D is read.
+// register pair for every wgmma, and only the start address changes from one to the next); tf32
+// inputs (fp32 bit patterns, the low 13 mantissa bits ignored), fp32 D. Issued asynchronously:
+// wgmma_commit, then wgmma_wait, before D is read.
 template <int N>
 __device__ void wgmma_tf32(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate);
 
