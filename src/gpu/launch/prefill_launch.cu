@@ -411,10 +411,12 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
                       kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
     if (plan.stitch_rows_kept) {
-      rows.x_rows = encode_token_rows_map(rows.x, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
-                                         kStitchRowStride, true);
-      rows.z_rows = encode_token_rows_map(rows.z, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
-                                         kStitchRowStride, true);
+      auto tiles_of = [&](const float* rows_f32) {  // [total, H, 128] fp32, the rows kernel's boxes
+        return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
+                                     kStitchRowStride, true);
+      };
+      rows.x_rows = tiles_of(rows.x);
+      rows.z_rows = tiles_of(rows.z);
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     } else {
       launch_stitch(rows, H, stream, S - 1);
