@@ -196,6 +196,35 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
   return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
 }
 
+// A warp's O^T fragments (rows v = vbase .. + 15, columns tokens 8 nt ..: C fragments) into the
+// chunk's out rows from out_chunk, the first `count` tokens: bf16 transposed in registers to
+// (token, v pair) stores, or (OutT float, the split pass's partial rows) fp32 straight from the
+// fragments. Shared by the mma.sync step below and the wgmma step (state_wgmma_step.cuh).
+template <int kNBlocks, typename OutT>
+__device__ __forceinline__ void store_out_rows(const float (&o)[kNBlocks][4], int vbase, int lane, OutT* out_chunk,
+                                               int count, int64_t out_row_stride) {
+  const int g = lane >> 2, t4 = lane & 3;
+  if constexpr (std::is_same_v<OutT, float>) {
+#pragma unroll
+    for (int nt = 0; nt < kNBlocks; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
+        if (token < count) out_chunk[token * out_row_stride + v] = o[nt][i];
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kNBlocks; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[nt][2 * r], o[nt][2 * r + 1]));
+        const int token = nt * 8 + g;
+        if (token < count)
+          *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
+      }
+  }
+}
+
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles [kpart * kTiles,
 // (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are m16n8k8 tf32 with
 // k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C fragment is an A
@@ -350,25 +379,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
       ptx::mma_tf32_1688(P[nt], a, mm.x, mm.y);
     }
   }
-  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
-        if (token < count) out_chunk[token * out_row_stride + v] = P[nt][i];
-      }
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(P[nt][2 * r], P[nt][2 * r + 1]));
-        const int token = nt * 8 + g;
-        if (token < count)
-          *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
-      }
-  }
+  store_out_rows(P, vbase, lane, out_chunk, count, out_row_stride);
 }
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16, kVRowStride apart).

@@ -11,9 +11,9 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "gpu/prefill/chunk_record.cuh"
+#include "gpu/prefill/state_step.cuh"  // store_out_rows
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/movmatrix.cuh"
@@ -124,26 +124,8 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) o[i] += xo[kHalf + i];  // O^T = S^T Qe^T + WV^T M^T
 
-  if constexpr (std::is_same_v<OutT, float>) {  // fp32, straight from the fragments (rows v, columns tokens)
-#pragma unroll
-    for (int nt = 0; nt < kSteps; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int token = nt * 8 + 2 * t4 + (i & 1), v = vbase + g + 8 * (i >> 1);
-        if (token < count) out_chunk[token * out_row_stride + v] = o[4 * nt + i];
-      }
-  } else {
-    // O^T fragments (rows v, columns tokens) transposed in registers to (token, v pair) and
-    // stored, as state_step.cuh does.
-#pragma unroll
-    for (int nt = 0; nt < kSteps; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t ov = ptx::movmatrix_trans(ptx::pack_bf16x2(o[4 * nt + 2 * r], o[4 * nt + 2 * r + 1]));
-        const int token = nt * 8 + g;
-        if (token < count) *reinterpret_cast<uint32_t*>(out_chunk + token * out_row_stride + vbase + 8 * r + 2 * t4) = ov;
-      }
-  }
+  // O^T: this warp's 16 value rows of the m64n(kTokens) accumulator, kSteps C fragments
+  store_out_rows(reinterpret_cast<const float(&)[kSteps][4]>(o), vbase, lane, out_chunk, count, out_row_stride);
 }
 
 }  // namespace flashkda::gpu::state_pass
