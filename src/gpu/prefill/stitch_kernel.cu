@@ -20,8 +20,8 @@ namespace {
 // accuracy, where plain tf32 would add ~5e-4 to out when the state is large), or in 2xTF32 for
 // the out rows (X = out_a rounded to the nearest tf32, M = S_{s-1}^T split: X's rounding alone,
 // ~2^-12 relative, as the state pass's own products round S; the chain of states keeps 3xTF32,
-// its errors carry into every later segment). 8 warps: warp w
-// takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2. X and M are stored as loaded (fp32,
+// its errors carry into every later segment). 8 warps over a tile of kTileRows rows (RowTiling:
+// 64 rows: warp w takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2). X and M are stored as loaded (fp32,
 // 104 KB: two blocks a multiprocessor, so one block's loads overlap the other's products) and
 // split into hi + lo in registers. ncu at 189cc93 (P8): the FMA version spent 40 us on each
 // chain step (4 blocks) and 340 us on the out rows at 0.85 TB/s, stalled on loads with one
@@ -35,10 +35,24 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kPairStride = kHeadDim + 8;
 constexpr int kWordStride = kHeadDim + 4;
 
-struct StitchSmem {
-  float x[kRows][kPairStride];
+// How 8 warps share a tile of kTileRows rows x 128 columns: the 16-row slabs (one mma row
+// block each) get kWarpsPerSlab warps, each taking kNTiles n-tiles of 8 columns. Every output
+// entry is one accumulator summed over k in the same order whatever the tiling, so the tilings
+// give the same results bit for bit.
+template <int kTileRows>
+struct RowTiling {
+  static constexpr int kSlabs = kTileRows / 16;
+  static constexpr int kWarpsPerSlab = kWarps / kSlabs;
+  static constexpr int kNTiles = kHeadDim / 8 / kWarpsPerSlab;  // n-tiles of one warp
+  static_assert(kTileRows % 16 == 0 && kWarps % kSlabs == 0 && kHeadDim / 8 % kWarpsPerSlab == 0, "whole slabs, whole n-tiles");
+};
+
+template <int kTileRows>
+struct StitchSmemOf {
+  float x[kTileRows][kPairStride];
   float m[kHeadDim][kPairStride];  // as stored: M^T [n][k] (kTransposed) or M [k][n]
 };
+using StitchSmem = StitchSmemOf<kRows>;
 
 __device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
@@ -49,10 +63,12 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(x - h);
 }
 
-constexpr int kNTiles = kHeadDim / 8 / 2;  // n-tiles of one warp
+constexpr int kNTiles = RowTiling<kRows>::kNTiles;  // n-tiles of one warp in a 64-row tile
 
-// Loads as float4 v of thread tid at tid + v kThreads: M's [128][128] and the 64 rows of X.
-constexpr int kMVectors = kHeadDim * kHeadDim / 4 / kThreads, kXVectors = kRows * kHeadDim / 4 / kThreads;
+// Loads as float4 v of thread tid at tid + v kThreads: M's [128][128] and the kTileRows rows of X.
+constexpr int kMVectors = kHeadDim * kHeadDim / 4 / kThreads;
+template <int kTileRows>
+constexpr int kXVectors = kTileRows * kHeadDim / 4 / kThreads;
 constexpr int kRowVectors = kHeadDim / 4;
 
 __device__ __forceinline__ void load_m(const float* m, float4 (&mv)[kMVectors], int tid) {
@@ -60,11 +76,12 @@ __device__ __forceinline__ void load_m(const float* m, float4 (&mv)[kMVectors], 
   for (int v = 0; v < kMVectors; ++v) mv[v] = reinterpret_cast<const float4*>(m)[tid + v * kThreads];
 }
 
-// Rows row0 .. row0 + 63 of X (zeros from row_end on).
+// Rows row0 .. row0 + kTileRows - 1 of X (zeros from row_end on).
+template <int kTileRows>
 __device__ __forceinline__ void load_x_rows(const float* x, int64_t row_stride, int64_t row0, int64_t row_end,
-                                            float4 (&xv)[kXVectors], int tid) {
+                                            float4 (&xv)[kXVectors<kTileRows>], int tid) {
 #pragma unroll
-  for (int v = 0; v < kXVectors; ++v) {
+  for (int v = 0; v < kXVectors<kTileRows>; ++v) {
     const int i = tid + v * kThreads;
     const int64_t row = row0 + i / kRowVectors;
     xv[v] = row < row_end ? *reinterpret_cast<const float4*>(x + row * row_stride + 4 * (i % kRowVectors))
@@ -81,22 +98,25 @@ __device__ __forceinline__ void store_m(const float4 (&mv)[kMVectors], float (*m
   }
 }
 
-__device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors], float (&x)[kRows][kPairStride], int tid) {
+template <int kTileRows>
+__device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors<kTileRows>], float (&x)[kTileRows][kPairStride],
+                                             int tid) {
 #pragma unroll
-  for (int v = 0; v < kXVectors; ++v) {
+  for (int v = 0; v < kXVectors<kTileRows>; ++v) {
     const int i = tid + v * kThreads;
     *reinterpret_cast<float4*>(&x[i / kRowVectors][4 * (i % kRowVectors)]) = xv[v];
   }
 }
 
-// acc = X M (3xTF32; 2xTF32 without kSplitX) for the block's 64 rows in x: warp w takes rows
-// 16 (w / 2) .. +15 and the n-tiles of half w % 2. m_tile: M^T [n][k] (kTransposed) or M [k][n].
-template <int kMStride, bool kTransposed, bool kSplitX>
-__device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStride], const float (*m_tile)[kMStride],
-                                              int warp, int lane, float (&acc)[kNTiles][4]) {
+// acc = X M (3xTF32; 2xTF32 without kSplitX) for the block's kTileRows rows in x, the warp's
+// share as RowTiling deals it (FragmentPlace). m_tile: M^T [n][k] (kTransposed) or M [k][n].
+template <int kMStride, bool kTransposed, bool kSplitX, int kTileRows>
+__device__ __forceinline__ void multiply_rows(const float (&x)[kTileRows][kPairStride], const float (*m_tile)[kMStride],
+                                              int warp, int lane, float (&acc)[RowTiling<kTileRows>::kNTiles][4]) {
+  constexpr int kNTiles = RowTiling<kTileRows>::kNTiles;
   // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
   const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = 16 * (warp / 2), nt0 = 8 * (warp % 2);
+  const int r0 = 16 * (warp / RowTiling<kTileRows>::kWarpsPerSlab), nt0 = kNTiles * (warp % RowTiling<kTileRows>::kWarpsPerSlab);
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll 2
@@ -130,12 +150,18 @@ __device__ __forceinline__ void multiply_rows(const float (&x)[kRows][kPairStrid
   }
 }
 
-// Where a lane's C fragment entries lie in the block's 64 rows: acc[j][2 half + e] is row
-// row(half), column col(j) + e (warp w: rows 16 (w / 2) .. +15, the n-tiles of half w % 2).
+// Where a lane's C fragment entries lie in the block's kTileRows rows: acc[j][2 half + e] is row
+// row(half), column col(j) + e (RowTiling: with 64 rows, warp w has rows 16 (w / 2) .. +15 and
+// the n-tiles of half w % 2).
+template <int kTileRows = kRows>
 struct FragmentPlace {
+  static constexpr int kNTiles = RowTiling<kTileRows>::kNTiles;
   int r0, nt0, g, t4;
   __device__ __forceinline__ FragmentPlace(int warp, int lane)
-      : r0(16 * (warp / 2)), nt0(8 * (warp % 2)), g(lane >> 2), t4(lane & 3) {}
+      : r0(16 * (warp / RowTiling<kTileRows>::kWarpsPerSlab)),
+        nt0(kNTiles * (warp % RowTiling<kTileRows>::kWarpsPerSlab)),
+        g(lane >> 2),
+        t4(lane & 3) {}
   __device__ __forceinline__ int row(int half) const { return r0 + g + 8 * half; }
   __device__ __forceinline__ int col(int j) const { return 8 * (nt0 + j) + 2 * t4; }
 };
@@ -143,10 +169,11 @@ struct FragmentPlace {
 // Y = acc + Z on the block's rows in [row_begin, row_end) (row0 is its first), as bf16 or fp32.
 // z_at(half, j, row, col): Z's pair at that entry; y_head: the head's offset in Y. keep(r, col,
 // y0, y1) sees each pair stored, r within the block (the chain keeps its rows for the next step).
-template <typename ZAt, typename Keep>
-__device__ __forceinline__ void store_rows(const float (&acc)[kNTiles][4], ZAt&& z_at, void* y, bool y_f32,
-                                           int64_t row_stride, int64_t y_head, int64_t row0, int64_t row_begin,
-                                           int64_t row_end, FragmentPlace f, Keep&& keep) {
+template <int kTileRows, typename ZAt, typename Keep>
+__device__ __forceinline__ void store_rows(const float (&acc)[RowTiling<kTileRows>::kNTiles][4], ZAt&& z_at, void* y,
+                                           bool y_f32, int64_t row_stride, int64_t y_head, int64_t row0,
+                                           int64_t row_begin, int64_t row_end, FragmentPlace<kTileRows> f, Keep&& keep) {
+  constexpr int kNTiles = RowTiling<kTileRows>::kNTiles;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t row = row0 + f.r0 + f.g + 8 * half;  // row0 + f.row(half), 64-bit adds as stitch_kernel was measured
@@ -203,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
 
   // Loads first, all in flight, then the shared-memory stores: one memory latency a block.
   const float* m = p.m + h * p.m_head_stride + (segment > 0 ? (segment - 1) * p.m_segment_stride : 0);  // [128][128]
-  float4 mv[kMVectors], xv[kXVectors];
+  float4 mv[kMVectors], xv[kXVectors<kRows>];
   load_m(m, mv, tid);
-  load_x_rows(p.x + h * p.head_stride, p.row_stride, row0, row_end, xv, tid);
+  load_x_rows<kRows>(p.x + h * p.head_stride, p.row_stride, row0, row_end, xv, tid);
   store_m(mv, m_tile, tid);
   store_x_rows(xv, sm.x, tid);
   __syncthreads();
@@ -215,31 +242,37 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
   multiply_rows<kMStride, kTransposed, kSplitX>(sm.x, m_tile, warp, lane, acc);
 
   store_rows(acc, ZFromMemory{p.z + h * p.head_stride, p.row_stride}, p.y, p.y_f32, p.row_stride, h * p.head_stride,
-             row0, row_begin, row_end, FragmentPlace(warp, lane), KeepNothing{});
+             row0, row_begin, row_end, FragmentPlace<>(warp, lane), KeepNothing{});
 }
 
-// The chain of segment states (StitchChain) in one launch: a block per 64 rows of one head's S^T.
-// Row r of S_s^T = B_s^T + S_{s-1}^T A_s^T needs only row r of S_{s-1}^T, so a block runs every
-// step on its own rows, kept in shared memory in fp32 as the boundary buffer holds them (the
-// values one launch a step reads back: the same results bit for bit), and loads the next step's
-// A^T into registers while this step's products run. One launch a step took ~15 us each (ncu at
-// 4036296, P8: 7 steps of 8 blocks).
+// The chain of segment states (StitchChain) in one launch: a block per kChainRows rows of one
+// head's S^T. Row r of S_s^T = B_s^T + S_{s-1}^T A_s^T needs only row r of S_{s-1}^T, so a block
+// runs every step on its own rows, kept in shared memory in fp32 as the boundary buffer holds
+// them (the values one launch a step reads back: the same results bit for bit), and loads the
+// next step's A^T into registers while this step's products run. The chain is latency-bound (a
+// few heads, S - 1 dependent steps), so its rows go over 8 blocks a head, not 2: each step's
+// products a warp are a quarter of 64-row blocks' (8 blocks a head read A^T from the L2 each).
+// One launch a step took ~15 us each (ncu at 4036296, P8: 7 steps of 8 blocks); 64-row blocks
+// in one launch ~7 us a step (ncu at ba97dbb, P8: 106 us for 15 steps).
+constexpr int kChainRows = 16;
+using ChainSmem = StitchSmemOf<kChainRows>;
 __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchChain p) {
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
+  constexpr int kNTiles = RowTiling<kChainRows>::kNTiles;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<StitchSmem*>(smem_raw);
+  auto& sm = *reinterpret_cast<ChainSmem*>(smem_raw);
   float(*m_tile)[kWordStride] = reinterpret_cast<float(*)[kWordStride]>(&sm.m[0][0]);  // A_s^T as [k][n]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t head = blockIdx.y * kStateHead, row0 = int64_t{blockIdx.x} * kRows;
+  const int64_t head = blockIdx.y * kStateHead, row0 = int64_t{blockIdx.x} * kChainRows;
   {
-    float4 mv[kMVectors], xv[kXVectors];
+    float4 mv[kMVectors], xv[kXVectors<kChainRows>];
     load_m(p.a_t + head, mv, tid);
-    load_x_rows(p.boundary + head, kHeadDim, row0, kHeadDim, xv, tid);
+    load_x_rows<kChainRows>(p.boundary + head, kHeadDim, row0, kHeadDim, xv, tid);
     store_m(mv, m_tile, tid);
     store_x_rows(xv, sm.x, tid);
   }
   __syncthreads();
-  const FragmentPlace f(warp, lane);
+  const FragmentPlace<kChainRows> f(warp, lane);
   for (int s = 1; s <= p.steps; ++s) {
     const bool more = s < p.steps;
     float4 next[kMVectors];
@@ -297,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
   const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
-  const FragmentPlace f(warp, lane);
+  const FragmentPlace<> f(warp, lane);
   // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
   struct Tile {
     int64_t group, row0, row_begin, row_end;
@@ -381,13 +414,13 @@ void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, i
 }  // namespace
 
 void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
-  constexpr int kSmem = sizeof(StitchSmem);
+  constexpr int kSmem = sizeof(ChainSmem);
   if (p.steps < 1 || p.steps > p.segments - 1) fail(ErrorCode::kInternal, "stitch chain: ", p.steps, " steps");
   static PerDeviceOnce raised;
   raised.run("stitch chain kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem, stream,
+  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kChainRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem, stream,
                 false, "stitch chain kernel", p);
 }
 
