@@ -54,6 +54,9 @@ struct PrefillPlan {
   // kSplit: the out rows' products in 3xTF32 (FLASHKDA_STITCH_3XTF32=1), else 2xTF32 (out_a
   // rounded to tf32 once; StitchParams::x_split)
   bool stitch_rows_3xtf32 = false;
+  // kSplit, kept rows in 2xTF32: the products on wgmma (StitchParams::rows_wgmma;
+  // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
+  bool stitch_rows_wgmma = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.

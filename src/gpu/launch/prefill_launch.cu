@@ -288,6 +288,7 @@ PrefillPlan plan_prefill(const Problem& p) {
   plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") != 0;
   plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
   plan.stitch_rows_3xtf32 = forced_switch("FLASHKDA_STITCH_3XTF32") == 1;
+  plan.stitch_rows_wgmma = forced_switch("FLASHKDA_STITCH_ROWS_WGMMA") != 0;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -417,6 +418,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
       };
       rows.x_rows = tiles_of(rows.x);
       rows.z_rows = tiles_of(rows.z);
+      rows.rows_wgmma = plan.stitch_rows_wgmma;
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     } else {
       launch_stitch(rows, H, stream, S - 1);

@@ -147,6 +147,9 @@ struct StitchParams {
   // (2xTF32), for the out rows, whose X (out_a) only adds its own rounding, ~2^-12 relative, to
   // out (stitch_kernel.cu). The chain of segment states keeps the split.
   bool x_split = true;
+  // launch_stitch_rows without x_split: the products on wgmma (X split, M rounded to tf32: the
+  // same one rounding on the other operand), else on mma.sync (stitch_kernel.cu)
+  bool rows_wgmma = false;
   // launch_stitch_rows: X and Z as tensor maps of [64 rows][kStitchRowStride] fp32 boxes of one
   // head (encode_token_rows_map; rows, not segments: the kernel keeps to the segment's rows).
   CUtensorMap x_rows{}, z_rows{};

@@ -4,6 +4,8 @@
 //   out[t] = out_b[t] + out_a[t] S_{s-1}   for the rows t of segment s   (Y = Z + X M^T, M = S_{s-1}^T)
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "common/fail.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/launch/programmatic_launch.h"
@@ -11,6 +13,7 @@
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
+#include "gpu/ptx/wgmma.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -162,6 +165,16 @@ struct FragmentPlace {
         nt0(kNTiles * (warp % RowTiling<kTileRows>::kWarpsPerSlab)),
         g(lane >> 2),
         t4(lane & 3) {}
+  // A 64-row tile's m64n64 wgmma accumulators (multiply_rows_wgmma): warpgroup w / 4 has the
+  // columns of half w / 4, warp w % 4 of it rows 16 (w % 4) .. +15; the entries of an m64nN
+  // accumulator are those of kNTiles mma C fragments (wgmma.cuh).
+  __device__ __forceinline__ static FragmentPlace of_warpgroup(int warp, int lane) {
+    static_assert(kTileRows == 64 && kNTiles == 8, "two warpgroups, a 64-column half each");
+    FragmentPlace f(0, lane);
+    f.r0 = 16 * (warp % 4);
+    f.nt0 = kNTiles * (warp / 4);
+    return f;
+  }
   __device__ __forceinline__ int row(int half) const { return r0 + g + 8 * half; }
   __device__ __forceinline__ int col(int j) const { return 8 * (nt0 + j) + 2 * t4; }
 };
@@ -310,27 +323,107 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 // that the loads never wait behind the products (the register-staged form ran at 1.6 TB/s at P8:
 // 193 us, ncu at 443eb06). stitch_kernel's one-tile blocks load M (64 KB) for every 32 KB of X and
 // wait on each load. The same products and sums, tile for tile: bit for bit stitch_kernel's
-// results.
-struct RowsSmem {
-  float m[kHeadDim][kPairStride];       // S_{s-1}^T as M^T [n][k]
+// results. kWgmma (the default, StitchParams::rows_wgmma): the products on wgmma instead,
+// multiply_rows_wgmma; not bit for bit (other rounding, other order of the sums).
+template <bool kWgmma>
+struct RowsSmemOf {
+  // S_{s-1}^T as M^T [n][k]: padded rows (mma.sync) or wgmma's B tile (m_canonical_offset)
+  std::conditional_t<kWgmma, float[kHeadDim * kHeadDim], float[kHeadDim][kPairStride]> m;
   float x[2][kRows][kStitchRowStride];  // the stages: X rows (8 zero columns past each row)
   float z[2][kRows][kStitchRowStride];  // Z rows
 };
+
+// The rows kernel's products on wgmma (m64n64k8 tf32, A from registers): M^T rounded to tf32 as
+// the B operand, K-major without swizzle (wgmma.cuh): k-step kk's 8 columns of the 128 n rows are
+// 16 groups of 8 rows, each two core matrices of 8 rows x 16 bytes (k-slots 0..3 and 4..7),
+// the groups 128 bytes apart, the slot halves 2 KB apart, the k-steps 4 KB apart. The k-slots are
+// permuted as multiply_rows loads its A pairs (slot t = column 2t, slot t + 4 = column 2t + 1 of
+// the k-step), so that a lane's A entries stay one 8-byte load. X is split hi + lo in registers
+// (2 wgmmas a k-step against mma.sync's 2xTF32 form, which rounds X and splits M: the same one
+// rounding, ~2^-12 relative, on the other operand). Measured at P8 (ncu, ba97dbb): the mma.sync
+// form's samples sat on its HMMAs (2048 a 64-row tile) at 5.5 us a tile.
+constexpr uint32_t kCanonGroupBytes = 128;                                   // 8 n rows x 4 k-slots
+constexpr uint32_t kCanonHalfBytes = kHeadDim / 8 * kCanonGroupBytes;        // k-slots 4..7 after 0..3
+constexpr uint32_t kCanonStepBytes = 2 * kCanonHalfBytes;                     // one k-step of 8 columns
+static_assert(kCanonStepBytes * (kHeadDim / 8) == sizeof(float) * kHeadDim * kHeadDim, "the tile is M, no padding");
+__device__ __forceinline__ uint32_t m_canonical_offset(int n, int kk) {
+  return kk * kCanonStepBytes + (n / 8) * kCanonGroupBytes + (n % 8) * 16;
+}
+// Thread tid's (n row, k-step) pairs of M^T: pair tid + v kThreads, consecutive lanes on consecutive
+// n (the 8 lanes of a 16-byte store phase fill one 128-byte group: no bank conflict).
+constexpr int kMPairs = kHeadDim * (kHeadDim / 8) / kThreads;
+__device__ __forceinline__ void load_m_pairs(const float* m, float4 (&mv)[2 * kMPairs], int tid) {
+#pragma unroll
+  for (int v = 0; v < kMPairs; ++v) {
+    const int i = tid + v * kThreads, n = i % kHeadDim, kk = i / kHeadDim;
+    mv[2 * v] = *reinterpret_cast<const float4*>(m + n * kHeadDim + 8 * kk);
+    mv[2 * v + 1] = *reinterpret_cast<const float4*>(m + n * kHeadDim + 8 * kk + 4);
+  }
+}
+__device__ __forceinline__ void store_m_canonical(const float4 (&mv)[2 * kMPairs], float* tile, int tid) {
+  uint8_t* base = reinterpret_cast<uint8_t*>(tile);
+#pragma unroll
+  for (int v = 0; v < kMPairs; ++v) {
+    const int i = tid + v * kThreads;
+    const float4 a = mv[2 * v], b = mv[2 * v + 1];  // columns 8 kk + 0..3, + 4..7
+    uint8_t* at = base + m_canonical_offset(i % kHeadDim, i / kHeadDim);
+    *reinterpret_cast<float4*>(at) = make_float4(ptx::tf32_operand(a.x), ptx::tf32_operand(a.z),
+                                                 ptx::tf32_operand(b.x), ptx::tf32_operand(b.z));
+    *reinterpret_cast<float4*>(at + kCanonHalfBytes) = make_float4(ptx::tf32_operand(a.y), ptx::tf32_operand(a.w),
+                                                                   ptx::tf32_operand(b.y), ptx::tf32_operand(b.w));
+  }
+}
+// acc = X M^T's product for the tile's 64 rows, warpgroup w / 4 on columns 64 (w / 4) .. +63
+// (FragmentPlace::of_warpgroup); m_desc: that half's B descriptor at k-step 0.
+__device__ __forceinline__ void multiply_rows_wgmma(const float (&x)[kRows][kPairStride], uint64_t m_desc, int warp,
+                                                    int lane, float (&acc)[4 * kNTiles]) {
+  const int g = lane >> 2, t4 = lane & 3, r0 = 16 * (warp % 4);
+  constexpr int kSteps = kHeadDim / 8;
+  uint32_t hi[kSteps][4], lo[kSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const float2 top = load2(&x[r0 + g][8 * kk + 2 * t4]);
+    const float2 bottom = load2(&x[r0 + g + 8][8 * kk + 2 * t4]);
+    split_tf32(top.x, hi[kk][0], lo[kk][0]);
+    split_tf32(bottom.x, hi[kk][1], lo[kk][1]);
+    split_tf32(top.y, hi[kk][2], lo[kk][2]);
+    split_tf32(bottom.y, hi[kk][3], lo[kk][3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * kNTiles; ++i) acc[i] = 0.0f;
+  ptx::fence_operands(acc);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint64_t b = ptx::smem_matrix_desc_advance(m_desc, kk * kCanonStepBytes);
+    ptx::wgmma_tf32<64>(acc, lo[kk], b, true);
+    ptx::wgmma_tf32<64>(acc, hi[kk], b, true);
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_operands(acc);
+}
 static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride,
               "X tiles in the rows stages are read as multiply_rows reads them");
 static_assert(sizeof(float) * kRows * kStitchRowStride % 128 == 0, "stages stay 128-byte aligned");
 constexpr uint32_t kRowsBoxBytes = sizeof(float) * kRows * kStitchRowStride;  // one tensor-map box
 
-template <bool kSplitX>
+template <bool kSplitX, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_constant__ StitchParams p, int H,
                                                                   int64_t tiles_per_group) {
+  static_assert(!(kSplitX && kWgmma), "the wgmma form splits X and rounds M (2xTF32)");
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127));
+  auto& sm = *reinterpret_cast<RowsSmemOf<kWgmma>*>(smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127));
   __shared__ uint64_t full[2];  // a stage's X and Z boxes landed
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
   const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
-  const FragmentPlace<> f(warp, lane);
+  const FragmentPlace<> f = kWgmma ? FragmentPlace<>::of_warpgroup(warp, lane) : FragmentPlace<>(warp, lane);
+  // wgmma: this warpgroup's half of M's columns (n rows of the B tile), k-step 0
+  const uint64_t m_desc =
+      kWgmma ? ptx::smem_matrix_desc(reinterpret_cast<const uint8_t*>(&sm.m[0]) + (warp / 4) * kHeadDim / 2 / 8 * kCanonGroupBytes,
+                                     kCanonHalfBytes, kCanonGroupBytes)
+             : 0;
   // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
   struct Tile {
     int64_t group, row0, row_begin, row_end;
@@ -366,9 +459,17 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
     const Tile t = tile_at(begin + k);
     const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
     if (t.row0 < t.row_end && t.group != loaded_group) {  // this (segment, head)'s M (no thread reads M now)
-      float4 mv[kMVectors];
-      load_m(p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride, mv, tid);
-      store_m(mv, sm.m, tid);
+      const float* m = p.m + h * p.m_head_stride + (segment - 1) * p.m_segment_stride;
+      if constexpr (kWgmma) {
+        float4 mv[2 * kMPairs];
+        load_m_pairs(m, mv, tid);
+        store_m_canonical(mv, sm.m, tid);
+        ptx::fence_proxy_async_shared();  // the generic stores, before wgmma reads the tile
+      } else {
+        float4 mv[kMVectors];
+        load_m(m, mv, tid);
+        store_m(mv, sm.m, tid);
+      }
       loaded_group = t.group;
       __syncthreads();
     }
@@ -376,7 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
     ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
     if (t.row0 < t.row_end) {  // uniform over the block
       float acc[kNTiles][4];
-      multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
+      if constexpr (kWgmma) multiply_rows_wgmma(sm.x[stage], m_desc, warp, lane, reinterpret_cast<float(&)[4 * kNTiles]>(acc));
+      else multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
       const auto& z = sm.z[stage];
       store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
                  p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
@@ -398,16 +500,17 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
   launch_kernel(stitch_kernel<kTransposed, kSplitX>, grid, dim3(kThreads), kSmem, stream, false, "stitch kernel", p);
 }
 
-template <bool kSplitX>
+template <bool kSplitX, bool kWgmma>
 void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
                              cudaStream_t stream) {
-  constexpr int kSmem = sizeof(RowsSmem) + 128;  // + the alignment the stages' tensor-map copies need
+  constexpr int kSmem = sizeof(RowsSmemOf<kWgmma>) + 128;  // + the alignment the stages' tensor-map copies need
   static_assert(kSmem <= 227 * 1024, "M and two stages in one block's shared memory");
+  const auto kernel = stitch_rows_kernel<kSplitX, kWgmma>;
   static PerDeviceOnce raised;
-  raised.run("stitch rows kernel: setting its shared memory size", [] {
-    return cudaFuncSetAttribute(stitch_rows_kernel<kSplitX>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  raised.run("stitch rows kernel: setting its shared memory size", [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  launch_kernel(stitch_rows_kernel<kSplitX>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), kSmem, stream, false,
                 "stitch rows kernel", p, heads, tiles_per_group);
 }
 
@@ -431,8 +534,9 @@ void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t 
   const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
   const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (its shared memory)
   if (blocks == 0) return;
-  if (p.x_split) launch_stitch_rows_form<true>(p, heads, blocks, tiles_per_group, stream);
-  else launch_stitch_rows_form<false>(p, heads, blocks, tiles_per_group, stream);
+  if (p.x_split) launch_stitch_rows_form<true, false>(p, heads, blocks, tiles_per_group, stream);
+  else if (p.rows_wgmma) launch_stitch_rows_form<false, true>(p, heads, blocks, tiles_per_group, stream);
+  else launch_stitch_rows_form<false, false>(p, heads, blocks, tiles_per_group, stream);
 }
 
 void launch_stitch(const StitchParams& p, int heads, cudaStream_t stream, int segment_launches) {
