@@ -89,9 +89,10 @@ int forced_switch(const char* name) {
 //   P8  [65536] x 4:   2.46 2.35 1.98 2.40 2.02  /  2.72 2.08 1.77 1.72 1.54
 //   P11 [131072] x 8:  6.77 7.31 7.06 7.25 7.40  /  6.21 5.85 5.07 6.18 5.42
 // FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, S >= 2, for the tests);
-// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..16) and FLASHKDA_SPLIT_LAYOUT=wgmma|1x4|2x2 the runs.
+// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..32) and FLASHKDA_SPLIT_LAYOUT=wgmma|1x4|2x2 the runs.
 constexpr int64_t kSplitMinTokens = 4096;  // per segment
 constexpr int kSplitMaxSegments = 16;
+constexpr int kSplitMaxForcedSegments = 32;  // FLASHKDA_SPLIT_SEGMENTS (measurements past the rule)
 
 struct SplitChoice {
   int segments = 0;  // 0: not split
@@ -124,8 +125,8 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   const int wide = segments_fitting(blocks, sms);
   const int compact = choice.wgmma ? 0 : segments_fitting(blocks, 2 * int64_t{sms});
   if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
-    if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 || choice.segments > kSplitMaxSegments)
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxSegments, ", got '", n,
+    if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 || choice.segments > kSplitMaxForcedSegments)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxForcedSegments, ", got '", n,
            "'");
     choice.compact = !choice.wgmma && choice.segments > wide;
     return choice;
