@@ -77,11 +77,12 @@ int forced_switch(const char* name) {
 // zero and from the identity) and the stitch kernel combines them. The runs go on the wgmma state
 // kernel, a block a head and run, one a multiprocessor: ~1.3 us of a multiprocessor a chunk,
 // where a 2x2 run (four blocks, two a multiprocessor) costs ~2.8. S is the largest count whose
-// runs fit one wave, with segments of at least 4096 tokens, up to 16; below 3 segments the
-// stitch costs more than the chain saves. Measured on the H200 at 443eb06 (ms, wgmma against the
-// 2x2 runs the plan took before): P7 0.768 against 1.072 (S = 8 against 4), P8 0.850 against
-// 1.134 (S = 16 against 8; wgmma at S = 8: 1.10, S = 12: 0.92), P11 2.81 against 4.21 (8
-// against 4). FLASHKDA_SPLIT_LAYOUT=2x2|1x4 takes the mma.sync runs: 2x2 reads half the records
+// runs fit one wave, with segments of at least 3840 tokens (240 chunks), up to 17; below 3
+// segments the stitch costs more than the chain saves. P8's 4 heads fit 17 (33 runs x 4 = 132
+// blocks): 0.674 against 0.691 ms at S = 16 (5a69ee4, two runs each; S = 12: 0.777). Measured
+// on the H200 at 443eb06 (ms, wgmma against the 2x2 runs the plan took before): P7 0.768
+// against 1.072 (S = 8 against 4), P8 0.850 against 1.134 (S = 16 against 8; wgmma at S = 8:
+// 1.10, S = 12: 0.92), P11 2.81 against 4.21 (8 against 4). FLASHKDA_SPLIT_LAYOUT=2x2|1x4 takes the mma.sync runs: 2x2 reads half the records
 // of 1x4 per head, which matters once many runs share the L2; one block a multiprocessor with 6
 // stages, or two with 3 (compact) where that at least doubles S. Measured on the H200 (ae03dfd,
 // ms, 1x4 / 2x2 at S = 2, 3, 4, 6, 8; unsplit P7 1.55, P8 2.92, P11 6.18):
@@ -90,8 +91,8 @@ int forced_switch(const char* name) {
 //   P11 [131072] x 8:  6.77 7.31 7.06 7.25 7.40  /  6.21 5.85 5.07 6.18 5.42
 // FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, S >= 2, for the tests);
 // FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..32) and FLASHKDA_SPLIT_LAYOUT=wgmma|1x4|2x2 the runs.
-constexpr int64_t kSplitMinTokens = 4096;  // per segment
-constexpr int kSplitMaxSegments = 16;
+constexpr int64_t kSplitMinTokens = 3840;  // per segment
+constexpr int kSplitMaxSegments = 17;
 constexpr int kSplitMaxForcedSegments = 32;  // FLASHKDA_SPLIT_SEGMENTS (measurements past the rule)
 
 struct SplitChoice {
