@@ -37,8 +37,7 @@ struct PrefillPlan {
     kPerItem,     // one block per (sequence, head, value slices) (state_kernel.cu)
     kPersistent,  // a block per multiprocessor taking (sequence, head) items (state_persistent_kernel.cu)
     kSplit,       // one long sequence cut in S segments, then stitched (stitch_kernel.cu)
-    kWgmma,       // per item on wgmma (state_wgmma_kernel.cu): FLASHKDA_STATE_WGMMA=1, or beside a prep tail
-                  // with FLASHKDA_TAIL_WGMMA=1
+    kWgmma,       // experimental, FLASHKDA_STATE_WGMMA=1 only: per item on wgmma (state_wgmma_kernel.cu)
   };
   Pass pass = Pass::kPerItem;
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
@@ -59,8 +58,8 @@ struct PrefillPlan {
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  // kPerItem, 8x1 (or kWgmma in its place): the prep tail (PrepTail in prefill/kernels.h) takes
-  // slots [tail_first_slot, slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
+  // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
+  // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
   int64_t tail_first_slot = 0;
   int tail_sms = 0;
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;

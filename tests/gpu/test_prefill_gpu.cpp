@@ -423,69 +423,52 @@ TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
 
 // The prep tail (one sequence on the 8x1 layout: the last chunks' records by a second prep grid
 // while the chains run, handed over by ready flags) gives the records, and so every output, of
-// the prep kernel alone: bit for bit, at the launcher's share and at a forced one, both gates,
-// then against the oracle. Beside the 8x1 chains the base is FLASHKDA_PREP_TAIL=0; beside the
-// wgmma chains (FLASHKDA_TAIL_WGMMA=1) the wgmma pass without a tail (FLASHKDA_STATE_WGMMA=1).
+// the prep kernel alone (FLASHKDA_PREP_TAIL=0): bit for bit, at the launcher's share and at a
+// forced one, both gates, then against the oracle.
 TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
   setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
-  for (const char* wgmma : {"0", "1"})
-    for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
-      SCOPED_TRACE(std::string(gate == Gate::kSoftplus ? "softplus gate" : "safe gate") + ", FLASHKDA_TAIL_WGMMA=" + wgmma);
-      ProblemSpec spec = packed({3000}, 6, 33);
-      spec.gate = gate;
-      RandomProblem host(spec);
-      if (gate == Gate::kSoftplus) kimi_softplus(host, 34);
-      DeviceProblem dev(host);
-      const char* no_tail = wgmma[0] == '1' ? "FLASHKDA_STATE_WGMMA" : "FLASHKDA_PREP_TAIL";
-      setenv(no_tail, wgmma[0] == '1' ? "1" : "0", 1);
-      const DeviceProblem::Outputs base = dev.run_fresh();
-      unsetenv(no_tail);
-      setenv("FLASHKDA_TAIL_WGMMA", wgmma, 1);
-      for (const char* share : {"", "0.2"}) {
-        if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
-        for (int run = 0; run < 2; ++run)
-          expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
-        unsetenv("FLASHKDA_PREP_TAIL_SHARE");
-      }
-      expect_matches_oracle(host);
-      unsetenv("FLASHKDA_TAIL_WGMMA");
+  for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
+    SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
+    ProblemSpec spec = packed({3000}, 6, 33);
+    spec.gate = gate;
+    RandomProblem host(spec);
+    if (gate == Gate::kSoftplus) kimi_softplus(host, 34);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_PREP_TAIL", "0", 1);
+    const DeviceProblem::Outputs base = dev.run_fresh();
+    unsetenv("FLASHKDA_PREP_TAIL");
+    for (const char* share : {"", "0.2"}) {
+      if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
+      for (int run = 0; run < 2; ++run)
+        expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
+      unsetenv("FLASHKDA_PREP_TAIL_SHARE");
     }
+    expect_matches_oracle(host);
+  }
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
-// The prep tail at its smallest (69 chunks, the fewest it takes is 64), one call beside each
-// chain pass (8x1, wgmma): the form the sanitizers run, since racecheck needs ~16 s a call of the
-// bit-for-bit test above.
+// The prep tail at its smallest (69 chunks, the fewest it takes is 64), one call: the form the
+// sanitizers run, since racecheck needs ~16 s a call of the bit-for-bit test above.
 TEST_F(GpuPrefill, SmallPrepTail) {
   setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
-  for (const char* wgmma : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLASHKDA_TAIL_WGMMA=") + wgmma);
-    setenv("FLASHKDA_TAIL_WGMMA", wgmma, 1);
-    expect_matches_oracle(packed({1100}, 2, 35));
-  }
-  unsetenv("FLASHKDA_TAIL_WGMMA");
+  expect_matches_oracle(packed({1100}, 2, 35));
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 
 // A plain call, the persistent pass (started programmatically after the prep grid, which zeroes
 // its item counter) and a call with a prep tail (8x1, one sequence: a second prep grid beside the
-// state grid, which starts programmatically and waits on ready flags; the 8x1 chains, then the
-// wgmma ones), each on a non-default stream and captured into a CUDA graph, replayed twice (the
-// graph zeroes the hand-offs again).
+// state grid, which starts programmatically and waits on ready flags), each on a non-default
+// stream and captured into a CUDA graph, replayed twice (the graph zeroes the hand-offs again).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
-  const SwitchForm tail = {"FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6};
   const std::vector<SwitchForm> forms = {{nullptr, nullptr, {100, 33}, 4},
-                                         {"FLASHKDA_PERSISTENT", "1", {100, 33}, 4},  // after prep (PDL)
-                                         tail, tail};
-  for (size_t i = 0; i < forms.size(); ++i) {
-    const SwitchForm& form = forms[i];
-    const bool tail_wgmma = i == 3;
-    if (tail_wgmma) setenv("FLASHKDA_TAIL_WGMMA", "1", 1);
-    SCOPED_TRACE((form.variable ? std::string(form.variable) + "=" + form.value : std::string("the launcher's choice")) +
-                 (tail_wgmma ? ", FLASHKDA_TAIL_WGMMA=1" : ""));
+                                         {"FLASHKDA_PERSISTENT", "1", {100, 33}, 4},    // after prep (PDL)
+                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6}};  // a prep tail
+  for (const SwitchForm& form : forms) {
+    SCOPED_TRACE(form.variable ? std::string(form.variable) + "=" + form.value : std::string("the launcher's choice"));
     if (form.variable) setenv(form.variable, form.value, 1);
     RandomProblem host(packed(form.lens, form.heads, 21));
     DeviceProblem dev(host);
@@ -519,7 +502,6 @@ TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
     cudaFree(ws);
     cudaStreamDestroy(stream);
     if (form.variable) unsetenv(form.variable);
-    unsetenv("FLASHKDA_TAIL_WGMMA");
   }
 }
 

@@ -195,15 +195,9 @@ bool orders_sequences(const Problem& p) {
 // 1.177 at 0.26, 1.190 at 0.22 (a call of 0.20 / 0.22 / 0.25 alone read 1.21 / 1.20 / 1.21).
 // This rule gives 0.251 at P1. FLASHKDA_PREP_TAIL=0 turns it off; FLASHKDA_PREP_TAIL_SHARE=x sets
 // the share (tests, measurements).
-// FLASHKDA_TAIL_WGMMA=1: the chains on the wgmma pass instead (a block a head, one a
-// multiprocessor, as 8x1), beside a tail that writes WgmmaRecords: its step is ~1.15 us (P1,
-// ncu) against 8x1's ~1.31, and its records cost the prep kernel ~1.52 us a record on a
-// multiprocessor against ~1.41 (fp32 Qe), so the share is 0.76 I / H at most: 0.68 with the same
-// margin, 0.54 for the softplus gate.
 constexpr int kMinTailSms = 8;
 constexpr int64_t kMinTailChunks = 64;
 constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.67;  // times I / H
-constexpr double kWgmmaTailShareSafe = 0.68, kWgmmaTailShareSoftplus = 0.54;
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   if (plan.pass != PrefillPlan::Pass::kPerItem || c.value_slices != 8 || p.N != 1 || p.checkpoint_offsets ||
@@ -212,11 +206,7 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   const int idle = plan.multiprocessors - static_cast<int>(p.H);
   const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
   if (idle < kMinTailSms || chunks < kMinTailChunks) return;
-  const bool wgmma = forced_switch("FLASHKDA_TAIL_WGMMA") == 1;
-  const bool softplus = p.gate == Gate::kSoftplus;
-  double share = (wgmma ? (softplus ? kWgmmaTailShareSoftplus : kWgmmaTailShareSafe)
-                        : (softplus ? kTailShareSoftplus : kTailShareSafe)) *
-                 idle / static_cast<double>(p.H);
+  double share = (p.gate == Gate::kSoftplus ? kTailShareSoftplus : kTailShareSafe) * idle / static_cast<double>(p.H);
   if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {
     if (std::sscanf(forced, "%lf", &share) != 1 || !(share > 0.0 && share < 1.0))
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_TAIL_SHARE: expected a fraction in (0, 1), got '", forced, "'");
@@ -226,7 +216,6 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   if (tail_chunks < 1) return;
   plan.tail_first_slot = chunks - tail_chunks;  // slot c holds chunk c (one sequence)
   plan.tail_sms = idle;
-  if (wgmma) plan.pass = PrefillPlan::Pass::kWgmma;
   plan.tail_bytes = kTailCounterBytes + 2 * kTailSmBytes +
                     static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
 }
@@ -292,9 +281,9 @@ PrefillPlan plan_prefill(const Problem& p) {
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
 
-  plan_tail(p, c, plan);  // may move the chains to the wgmma pass
   const size_t record = plan.wgmma_records() ? WgmmaRecord::kBytes : ChunkRecord::kBytes;
   plan.record_bytes = static_cast<size_t>(slots * p.H) * record;
+  plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
   // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
   // the launch-a-step chain and the tile-a-block rows for A/B.
@@ -367,8 +356,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     p.out};
   state.k_major = p.state_layout == StateLayout::kKV;
   state.after_prep = plan.state_after_prep;
-  state.ready = tail_ready;
-  state.ready_from = plan.tail_first_slot;
   if (plan.pass == PrefillPlan::Pass::kWgmma) {
     launch_state_wgmma(state, stream);
     return;
@@ -382,6 +369,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
+  state.ready = tail_ready;
+  state.ready_from = plan.tail_first_slot;
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

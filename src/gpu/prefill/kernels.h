@@ -114,7 +114,7 @@ struct StateParams {
   // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
   CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
-  // With a prep tail (PrepTail; the 8x1 per-item pass, or the wgmma one): the ready flags of the tail's
+  // With a prep tail (PrepTail; the 8x1 per-item pass only): the ready flags of the tail's
   // records, slots from ready_from on; nullptr: every record was written before this grid.
   const uint32_t* ready = nullptr;
   int64_t ready_from = 0;
@@ -184,8 +184,8 @@ struct StateConfig {
 // state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 // The prep tail's grid (PrepTail): `blocks` blocks (six a multiprocessor; the ones that do not
-// fit at first start where others left, and leave too); the 8x1 or wgmma state pass with p.ready
-// set goes right after it (launch_state, launch_state_wgmma launch it programmatically).
+// fit at first start where others left, and leave too); the 8x1 state pass with p.ready set goes
+// right after it (launch_state launches it programmatically).
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);

@@ -554,8 +554,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 // `sms` multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that
 // the state grid finds them empty. A staying block takes (slot, head) chunks from a counter in
 // the order the chains need them (heads fastest) and publishes each record by its ready flag; it
-// never waits on the state pass. kWgmma: WgmmaRecords, for the wgmma state pass.
-template <bool kSoftplus, bool kWgmma>
+// never waits on the state pass.
+template <bool kSoftplus>
 __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(const PrepParams p) {
   ptx::griddep_launch_dependents();  // the state grid after this one may start: every block is resident
   __shared__ __align__(128) PrepSmem sm;
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
     int count;
     locate_slot(p.seqs, slot, seq, t0, count);
     if (count > 0) {
-      prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
+      prep_chunk<kSoftplus, false>(p, sm, slot, h, seq, t0, count);
       ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
     }
     __syncthreads();  // every thread's record stores (and its reads of sm) are done
@@ -635,8 +635,7 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
 }
 
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
-  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_tail_kernel<true, true> : prep_tail_kernel<false, true>)
-                                     : (p.softplus_gate ? prep_tail_kernel<true, false> : prep_tail_kernel<false, false>);
+  const auto kernel = p.softplus_gate ? prep_tail_kernel<true> : prep_tail_kernel<false>;
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, false, "prep tail kernel", p);
 }
 

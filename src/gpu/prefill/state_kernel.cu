@@ -26,6 +26,13 @@ namespace {
 
 using namespace state_pass;
 
+// With a prep tail (StateParams::ready): waits until a chunk's record is written; the proxy fence
+// orders the flag's acquire before the bulk copy's reads of the record.
+__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
+  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
+  ptx::fence_proxy_async_global();
+}
+
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.

@@ -16,7 +16,6 @@
 #include "gpu/prefill/stage_ring.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/grid_sync.cuh"  // wait_ready
 #include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/mma.cuh"
 
@@ -396,13 +395,6 @@ constexpr int stages_fitting(int blocks, int extra) {
   const int per_block = kSmemPerSm / blocks - 1024 < kMaxBlockSmem ? kSmemPerSm / blocks - 1024 : kMaxBlockSmem;
   const int stages = (per_block - 128 - extra) / static_cast<int>(kStageBytes);
   return stages < 6 ? stages : 6;
-}
-
-// With a prep tail (StateParams::ready): waits until a chunk's record is written; the proxy fence
-// orders the flag's acquire before the bulk copy's reads of the record.
-__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
-  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
-  ptx::fence_proxy_async_global();
 }
 
 // Fills a stage (one producer thread): the chunk record (ChunkRecord, or the wgmma pass's
