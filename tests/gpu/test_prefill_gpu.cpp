@@ -760,8 +760,8 @@ TEST_F(GpuPrefill, SmallStitchExperiments) {
     for (const char* precise : {"0", "1"})
       for (const char* wgmma : {"0", "1"}) {
         if (wgmma[0] == '1' && (form[0] == '0' || precise[0] == '1')) continue;  // only the kept 2xTF32 rows have it
-        SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form + ", FLASHKDA_STITCH_3XTF32 = " + precise +
-                     ", FLASHKDA_STITCH_ROWS_WGMMA = " + wgmma);
+        SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form + ", FLASHKDA_STITCH_3XTF32 = " +
+                     precise + ", FLASHKDA_STITCH_ROWS_WGMMA = " + wgmma);
         setenv("FLASHKDA_STITCH_CHAIN", form, 1);
         setenv("FLASHKDA_STITCH_ROWS", form, 1);
         setenv("FLASHKDA_STITCH_3XTF32", precise, 1);

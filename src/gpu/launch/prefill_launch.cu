@@ -82,9 +82,10 @@ int forced_switch(const char* name) {
 // blocks): 0.674 against 0.691 ms at S = 16 (5a69ee4, two runs each; S = 12: 0.777). Measured
 // on the H200 at 443eb06 (ms, wgmma against the 2x2 runs the plan took before): P7 0.768
 // against 1.072 (S = 8 against 4), P8 0.850 against 1.134 (S = 16 against 8; wgmma at S = 8:
-// 1.10, S = 12: 0.92), P11 2.81 against 4.21 (8 against 4). FLASHKDA_SPLIT_LAYOUT=2x2|1x4 takes the mma.sync runs: 2x2 reads half the records
-// of 1x4 per head, which matters once many runs share the L2; one block a multiprocessor with 6
-// stages, or two with 3 (compact) where that at least doubles S. Measured on the H200 (ae03dfd,
+// 1.10, S = 12: 0.92), P11 2.81 against 4.21 (8 against 4). FLASHKDA_SPLIT_LAYOUT=2x2|1x4 takes
+// the mma.sync runs: 2x2 reads half the records of 1x4 per head, which matters once many runs
+// share the L2; one block a multiprocessor with 6 stages, or two with 3 (compact) where that at
+// least doubles S. Measured on the H200 (ae03dfd,
 // ms, 1x4 / 2x2 at S = 2, 3, 4, 6, 8; unsplit P7 1.55, P8 2.92, P11 6.18):
 //   P7  [32768] x 8:   1.80 1.94 1.87 1.96 2.04  /  1.60 1.56 1.39 1.71 1.56
 //   P8  [65536] x 4:   2.46 2.35 1.98 2.40 2.02  /  2.72 2.08 1.77 1.72 1.54
@@ -126,9 +127,10 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   const int wide = segments_fitting(blocks, sms);
   const int compact = choice.wgmma ? 0 : segments_fitting(blocks, 2 * int64_t{sms});
   if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
-    if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 || choice.segments > kSplitMaxForcedSegments)
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxForcedSegments, ", got '", n,
-           "'");
+    if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 ||
+        choice.segments > kSplitMaxForcedSegments)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxForcedSegments,
+           ", got '", n, "'");
     choice.compact = !choice.wgmma && choice.segments > wide;
     return choice;
   }

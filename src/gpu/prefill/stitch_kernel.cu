@@ -24,9 +24,9 @@ namespace {
 // the out rows (X = out_a rounded to the nearest tf32, M = S_{s-1}^T split: X's rounding alone,
 // ~2^-12 relative, as the state pass's own products round S; the chain of states keeps 3xTF32,
 // its errors carry into every later segment). 8 warps over a tile of kTileRows rows (RowTiling:
-// 64 rows: warp w takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2). X and M are stored as loaded (fp32,
-// 104 KB: two blocks a multiprocessor, so one block's loads overlap the other's products) and
-// split into hi + lo in registers. ncu at 189cc93 (P8): the FMA version spent 40 us on each
+// 64 rows: warp w takes rows 16 (w / 2) .. +15 and the n-tiles of half w % 2). X and M are
+// stored as loaded (fp32, 104 KB: two blocks a multiprocessor, so one block's loads overlap the
+// other's products) and split into hi + lo in registers. ncu at 189cc93 (P8): the FMA version spent 40 us on each
 // chain step (4 blocks) and 340 us on the out rows at 0.85 TB/s, stalled on loads with one
 // block a multiprocessor.
 constexpr int kWarps = 8;
@@ -47,7 +47,8 @@ struct RowTiling {
   static constexpr int kSlabs = kTileRows / 16;
   static constexpr int kWarpsPerSlab = kWarps / kSlabs;
   static constexpr int kNTiles = kHeadDim / 8 / kWarpsPerSlab;  // n-tiles of one warp
-  static_assert(kTileRows % 16 == 0 && kWarps % kSlabs == 0 && kHeadDim / 8 % kWarpsPerSlab == 0, "whole slabs, whole n-tiles");
+  static_assert(kTileRows % 16 == 0 && kWarps % kSlabs == 0 && kHeadDim / 8 % kWarpsPerSlab == 0,
+                "whole slabs, whole n-tiles");
 };
 
 template <int kTileRows>
@@ -102,8 +103,8 @@ __device__ __forceinline__ void store_m(const float4 (&mv)[kMVectors], float (*m
 }
 
 template <int kTileRows>
-__device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors<kTileRows>], float (&x)[kTileRows][kPairStride],
-                                             int tid) {
+__device__ __forceinline__ void store_x_rows(const float4 (&xv)[kXVectors<kTileRows>],
+                                             float (&x)[kTileRows][kPairStride], int tid) {
 #pragma unroll
   for (int v = 0; v < kXVectors<kTileRows>; ++v) {
     const int i = tid + v * kThreads;
@@ -119,7 +120,8 @@ __device__ __forceinline__ void multiply_rows(const float (&x)[kTileRows][kPairS
   constexpr int kNTiles = RowTiling<kTileRows>::kNTiles;
   // k-slot t = element 2t, t + 4 = element 2t + 1 of each k-tile (mma.cuh).
   const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = 16 * (warp / RowTiling<kTileRows>::kWarpsPerSlab), nt0 = kNTiles * (warp % RowTiling<kTileRows>::kWarpsPerSlab);
+  constexpr int kWarpsPerSlab = RowTiling<kTileRows>::kWarpsPerSlab;
+  const int r0 = 16 * (warp / kWarpsPerSlab), nt0 = kNTiles * (warp % kWarpsPerSlab);
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll 2
@@ -185,7 +187,8 @@ struct FragmentPlace {
 template <int kTileRows, typename ZAt, typename Keep>
 __device__ __forceinline__ void store_rows(const float (&acc)[RowTiling<kTileRows>::kNTiles][4], ZAt&& z_at, void* y,
                                            bool y_f32, int64_t row_stride, int64_t y_head, int64_t row0,
-                                           int64_t row_begin, int64_t row_end, FragmentPlace<kTileRows> f, Keep&& keep) {
+                                           int64_t row_begin, int64_t row_end, FragmentPlace<kTileRows> f,
+                                           Keep&& keep) {
   constexpr int kNTiles = RowTiling<kTileRows>::kNTiles;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -420,10 +423,9 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
   const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
   const FragmentPlace<> f = kWgmma ? FragmentPlace<>::of_warpgroup(warp, lane) : FragmentPlace<>(warp, lane);
   // wgmma: this warpgroup's half of M's columns (n rows of the B tile), k-step 0
-  const uint64_t m_desc =
-      kWgmma ? ptx::smem_matrix_desc(reinterpret_cast<const uint8_t*>(&sm.m[0]) + (warp / 4) * kHeadDim / 2 / 8 * kCanonGroupBytes,
-                                     kCanonHalfBytes, kCanonGroupBytes)
-             : 0;
+  const uint8_t* m_half =
+      reinterpret_cast<const uint8_t*>(&sm.m[0]) + (warp / 4) * (kHeadDim / 2 / 8) * kCanonGroupBytes;
+  const uint64_t m_desc = kWgmma ? ptx::smem_matrix_desc(m_half, kCanonHalfBytes, kCanonGroupBytes) : 0;
   // Tile i of the deal: group i / tiles_per_group = (segment - 1) H + head, tile i % tiles_per_group.
   struct Tile {
     int64_t group, row0, row_begin, row_end;
@@ -477,8 +479,10 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
     ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
     if (t.row0 < t.row_end) {  // uniform over the block
       float acc[kNTiles][4];
-      if constexpr (kWgmma) multiply_rows_wgmma(sm.x[stage], m_desc, warp, lane, reinterpret_cast<float(&)[4 * kNTiles]>(acc));
-      else multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
+      if constexpr (kWgmma)
+        multiply_rows_wgmma(sm.x[stage], m_desc, warp, lane, reinterpret_cast<float(&)[4 * kNTiles]>(acc));
+      else
+        multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
       const auto& z = sm.z[stage];
       store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
                  p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
@@ -523,8 +527,8 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
   raised.run("stitch chain kernel: setting its shared memory size", [] {
     return cudaFuncSetAttribute(stitch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
-  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kChainRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem, stream,
-                false, "stitch chain kernel", p);
+  launch_kernel(stitch_chain_kernel, dim3(kHeadDim / kChainRows, static_cast<unsigned>(heads)), dim3(kThreads), kSmem,
+                stream, false, "stitch chain kernel", p);
 }
 
 void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
