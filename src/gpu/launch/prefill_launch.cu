@@ -167,6 +167,21 @@ constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 // blocks that do not fit at first start on the multiprocessors the others left, and leave too.
 constexpr int kTailBlocksPerSm = 6;
 
+// The prep tail's hand-off in its workspace region (plan.tail_bytes, zeroed before each call),
+// laid out as the constants above say; none (ready = nullptr) without a tail.
+PrepTail tail_hand_off(uint8_t* region, const PrefillPlan& plan, int64_t num_slots) {
+  if (plan.tail_sms == 0) return {};
+  return {plan.tail_first_slot,
+          num_slots,
+          reinterpret_cast<unsigned long long*>(region),
+          reinterpret_cast<unsigned*>(region + sizeof(unsigned long long)),
+          reinterpret_cast<unsigned*>(region + kTailCounterBytes),
+          reinterpret_cast<uint32_t*>(region + kTailCounterBytes + kTailSmBytes),
+          reinterpret_cast<uint32_t*>(region + kTailCounterBytes + 2 * kTailSmBytes),
+          plan.tail_sms,
+          kTailBlocksPerSm};
+}
+
 // The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
 // (orders_sequences) the sequence order, [N] int32.
 constexpr size_t kItemCounterBytes = 128;
@@ -315,9 +330,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   int* order = persistent && plan.counter_bytes > kItemCounterBytes
                    ? reinterpret_cast<int*>(after_records + kItemCounterBytes)
                    : nullptr;
-  // The prep tail's ready flags, written by its grid and read by the state grid.
-  auto* tail_ready = plan.tail_sms > 0 ? reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + 2 * kTailSmBytes)
-                                       : nullptr;
+  // The prep tail's hand-off; its ready flags are written by the tail's grid and read by the state grid.
+  const PrepTail tail = tail_hand_off(after_records, plan, num_chunk_slots(p.total_tokens, p.N));
   if (p.total_tokens > 0) {
     const ActivationView q = activation_view(p.q, p.q_rows, p, p.K), k = activation_view(p.k, p.k_rows, p, p.K),
                          g = activation_view(p.g, p.g_rows, p, p.K);
@@ -330,15 +344,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
       const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
       launch_prep(prep, plan.tail_first_slot, stream);
-      prep.tail = {plan.tail_first_slot,
-                   num_chunk_slots(p.total_tokens, p.N),
-                   reinterpret_cast<unsigned long long*>(after_records),
-                   reinterpret_cast<unsigned*>(after_records + 8),
-                   reinterpret_cast<unsigned*>(after_records + kTailCounterBytes),
-                   reinterpret_cast<uint32_t*>(after_records + kTailCounterBytes + kTailSmBytes),
-                   tail_ready,
-                   plan.tail_sms,
-                   kTailBlocksPerSm};
+      prep.tail = tail;
       launch_prep_tail(prep, kTailBlocksPerSm * plan.multiprocessors, stream);
     } else {
       launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
@@ -371,7 +377,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
-  state.ready = tail_ready;
+  state.ready = tail.ready;
   state.ready_from = plan.tail_first_slot;
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
