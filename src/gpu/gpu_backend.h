@@ -82,6 +82,10 @@ struct PrefillPlan {
 
 // The chunked prefill kernels (K = V = 128, safe gate, V-major [N, H, V, K] states, dense inputs).
 PrefillPlan plan_prefill(const Problem& p);
+// The same decisions for a GPU of `multiprocessors` multiprocessors, with no device needed (the
+// plan reads shapes, flags and FLASHKDA_* overrides only): tests/gpu/test_prefill_plan.cpp pins
+// the benchmark cases' choices on the H200's 132.
+PrefillPlan plan_prefill(const Problem& p, int multiprocessors);
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream);
 
 // The recurrent kernel (gpu/decode/): the per-token definition with the state in registers, one

@@ -267,12 +267,14 @@ void check_limits(const Problem& p) {
 
 }  // namespace
 
-PrefillPlan plan_prefill(const Problem& p) {
+PrefillPlan plan_prefill(const Problem& p) { return plan_prefill(p, multiprocessor_count()); }
+
+PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   if (p.K != kHeadDim || p.V != kHeadDim)
     fail(ErrorCode::kUnsupported, "the CUDA path implements K = V = 128 only, got K = ", p.K, ", V = ", p.V);
   check_limits(p);
   PrefillPlan plan;
-  plan.multiprocessors = multiprocessor_count();
+  plan.multiprocessors = multiprocessors;
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
   const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
   if (use_wgmma(p)) {
