@@ -130,6 +130,11 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
     EXPECT_FALSE(p.stitch_rows_wgmma);
   }
   {
+    EXPECT_EQ(plan({65536}, 4).stitch_rows_stages, 2);
+    const ScopedEnv env{{"FLASHKDA_STITCH_ROWS_STAGES", "3"}};
+    EXPECT_EQ(plan({65536}, 4).stitch_rows_stages, 3);
+  }
+  {
     const ScopedEnv env{{"FLASHKDA_PREP_TAIL", "0"}};
     const PrefillPlan p = plan({8192}, 96);
     EXPECT_EQ(p.tail_sms, 0);
@@ -155,6 +160,13 @@ TEST(PrefillPlan, RefusesWhatItCannotPlan) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("FLASHKDA_SPLIT_SEGMENTS"), std::string::npos) << e.what();
+  }
+  try {
+    const ScopedEnv env{{"FLASHKDA_STITCH_ROWS_STAGES", "4"}};
+    plan({65536}, 4);
+    ADD_FAILURE() << "4 row stages accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   }
   Problem k64 = shapes({1024}, 4);
   k64.K = 64;

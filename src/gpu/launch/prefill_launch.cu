@@ -310,6 +310,11 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
   plan.stitch_rows_3xtf32 = forced_switch("FLASHKDA_STITCH_3XTF32") == 1;
   plan.stitch_rows_wgmma = forced_switch("FLASHKDA_STITCH_ROWS_WGMMA") != 0;
+  if (const char* stages = std::getenv("FLASHKDA_STITCH_ROWS_STAGES")) {
+    if (std::strcmp(stages, "2") != 0 && std::strcmp(stages, "3") != 0)
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_STITCH_ROWS_STAGES: expected 2 or 3, got '", stages, "'");
+    plan.stitch_rows_stages = stages[0] - '0';
+  }
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -428,9 +433,14 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
         return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
                                      kStitchRowStride, true);
       };
-      rows.x_rows = tiles_of(rows.x);
-      rows.z_rows = tiles_of(rows.z);
+      // Deep stages (wgmma only): unpadded tiles, four swizzled boxes each.
       rows.rows_wgmma = plan.stitch_rows_wgmma;
+      rows.rows_deep = rows.rows_wgmma && !rows.x_split && plan.stitch_rows_stages == 3;
+      auto swizzled_of = [&](const float* rows_f32) {
+        return encode_token_rows_swizzled_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile);
+      };
+      rows.x_rows = rows.rows_deep ? swizzled_of(rows.x) : tiles_of(rows.x);
+      rows.z_rows = rows.rows_deep ? swizzled_of(rows.z) : tiles_of(rows.z);
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     } else {
       launch_stitch(rows, H, stream, S - 1);
