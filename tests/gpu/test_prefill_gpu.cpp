@@ -769,7 +769,8 @@ TEST_F(GpuPrefill, SmallStitchExperiments) {
           if (wgmma[0] == '1' && (form[0] == '0' || precise[0] == '1')) continue;  // only the kept 2xTF32 rows have it
           if (stages[0] == '3' && wgmma[0] == '0') continue;                      // only the wgmma rows have it
           SCOPED_TRACE(std::string("FLASHKDA_STITCH_CHAIN and _ROWS = ") + form + ", FLASHKDA_STITCH_3XTF32 = " +
-                       precise + ", FLASHKDA_STITCH_ROWS_WGMMA = " + wgmma + ", FLASHKDA_STITCH_ROWS_STAGES = " + stages);
+                       precise + ", FLASHKDA_STITCH_ROWS_WGMMA = " + wgmma +
+                       ", FLASHKDA_STITCH_ROWS_STAGES = " + stages);
           setenv("FLASHKDA_STITCH_CHAIN", form, 1);
           setenv("FLASHKDA_STITCH_ROWS", form, 1);
           setenv("FLASHKDA_STITCH_3XTF32", precise, 1);

@@ -627,7 +627,8 @@ void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t 
   const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (its shared memory)
   if (blocks == 0) return;
   if (p.x_split) launch_stitch_rows_form<true, false>(p, heads, blocks, tiles_per_group, stream);
-  else if (p.rows_wgmma && p.rows_deep) launch_stitch_rows_form<false, true, true>(p, heads, blocks, tiles_per_group, stream);
+  else if (p.rows_wgmma && p.rows_deep)
+    launch_stitch_rows_form<false, true, true>(p, heads, blocks, tiles_per_group, stream);
   else if (p.rows_wgmma) launch_stitch_rows_form<false, true>(p, heads, blocks, tiles_per_group, stream);
   else launch_stitch_rows_form<false, false>(p, heads, blocks, tiles_per_group, stream);
 }
