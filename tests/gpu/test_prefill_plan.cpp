@@ -152,30 +152,28 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
   }
 }
 
+// plan_prefill refuses the problem under `env` with `code`, its message naming `what`.
+void expect_refused(std::initializer_list<std::pair<const char*, const char*>> env, const Problem& problem,
+                    ErrorCode code, const std::string& what) {
+  SCOPED_TRACE(what);
+  try {
+    const ScopedEnv scoped(env);
+    gpu::plan_prefill(problem, kH200Multiprocessors);
+    ADD_FAILURE() << "planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 TEST(PrefillPlan, RefusesWhatItCannotPlan) {
-  try {
-    const ScopedEnv env{{"FLASHKDA_SPLIT_SEGMENTS", "33"}};
-    plan({65536}, 4);
-    ADD_FAILURE() << "33 segments accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("FLASHKDA_SPLIT_SEGMENTS"), std::string::npos) << e.what();
-  }
-  try {
-    const ScopedEnv env{{"FLASHKDA_STITCH_ROWS_STAGES", "4"}};
-    plan({65536}, 4);
-    ADD_FAILURE() << "4 row stages accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  }
+  expect_refused({{"FLASHKDA_SPLIT_SEGMENTS", "33"}}, shapes({65536}, 4), ErrorCode::kInvalidArgument,
+                 "FLASHKDA_SPLIT_SEGMENTS");
+  expect_refused({{"FLASHKDA_STITCH_ROWS_STAGES", "4"}}, shapes({65536}, 4), ErrorCode::kInvalidArgument,
+                 "FLASHKDA_STITCH_ROWS_STAGES");
   Problem k64 = shapes({1024}, 4);
   k64.K = 64;
-  try {
-    gpu::plan_prefill(k64, kH200Multiprocessors);
-    ADD_FAILURE() << "K = 64 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-  }
+  expect_refused({}, k64, ErrorCode::kUnsupported, "K = 64");
 }
 
 }  // namespace
