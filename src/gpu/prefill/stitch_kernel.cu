@@ -541,36 +541,33 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
       loaded_group = t.group;
       __syncthreads();
     }
-    if constexpr (kDeep) {
-      const int xs = static_cast<int>(k % kDeepXStages), zs = static_cast<int>(k % kDeepZStages);
-      ptx::mbarrier_wait_parity(&full[xs], static_cast<uint32_t>(k / kDeepXStages) & 1u);
-      if (t.row0 < t.row_end) {  // uniform over the block
-        float acc[kNTiles][4];
-        const float* x = sm.x[xs];
-        multiply_rows_wgmma([&](int r, int c) { return swizzled_pair(x, r, c); }, m_desc, warp, lane,
+    // This tile's stages: X's waited for now (padded: Z's with it, one barrier), deep Z's once the
+    // products are done; their element pairs as each form stores them.
+    const int xs = static_cast<int>(kDeep ? k % kDeepXStages : k & 1);
+    const int zs = kDeep ? static_cast<int>(k % kDeepZStages) : xs;
+    ptx::mbarrier_wait_parity(&full[xs], static_cast<uint32_t>(kDeep ? k / kDeepXStages : k >> 1) & 1u);
+    auto wait_z = [&] {
+      if constexpr (kDeep)
+        ptx::mbarrier_wait_parity(&full[kDeepXStages + zs], static_cast<uint32_t>(k / kDeepZStages) & 1u);
+    };
+    const auto& x = sm.x[xs];
+    const auto& z = sm.z[zs];
+    auto pair = [](const auto& tile, int r, int c) {
+      if constexpr (kDeep) return swizzled_pair(tile, r, c);
+      else return load2(&tile[r][c]);
+    };
+    if (t.row0 < t.row_end) {  // uniform over the block
+      float acc[kNTiles][4];
+      if constexpr (kWgmma)
+        multiply_rows_wgmma([&](int r, int c) { return pair(x, r, c); }, m_desc, warp, lane,
                             reinterpret_cast<float(&)[4 * kNTiles]>(acc));
-        ptx::mbarrier_wait_parity(&full[kDeepXStages + zs], static_cast<uint32_t>(k / kDeepZStages) & 1u);
-        const float* z = sm.z[zs];
-        store_rows(acc, [&](int half, int, int64_t, int col) { return swizzled_pair(z, f.row(half), col); }, p.y,
-                   p.y_f32, p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
-      } else {
-        ptx::mbarrier_wait_parity(&full[kDeepXStages + zs], static_cast<uint32_t>(k / kDeepZStages) & 1u);
-      }
+      else
+        multiply_rows<kPairStride, true, kSplitX>(x, sm.m, warp, lane, acc);
+      wait_z();
+      store_rows(acc, [&](int half, int, int64_t, int col) { return pair(z, f.row(half), col); }, p.y, p.y_f32,
+                 p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
     } else {
-      const int stage = static_cast<int>(k & 1);
-      ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
-      if (t.row0 < t.row_end) {  // uniform over the block
-        float acc[kNTiles][4];
-        const auto& x = sm.x[stage];
-        if constexpr (kWgmma)
-          multiply_rows_wgmma([&](int r, int c) { return load2(&x[r][c]); }, m_desc, warp, lane,
-                              reinterpret_cast<float(&)[4 * kNTiles]>(acc));
-        else
-          multiply_rows<kPairStride, true, kSplitX>(x, sm.m, warp, lane, acc);
-        const auto& z = sm.z[stage];
-        store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
-                   p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
-      }
+      wait_z();  // every phase waited for: the stage is filled again only after its last copy landed
     }
     __syncthreads();  // every warp is done with this stage (and M) before they are written again
   }
