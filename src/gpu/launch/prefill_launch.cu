@@ -429,18 +429,18 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
                       kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
     if (plan.stitch_rows_kept) {
-      auto tiles_of = [&](const float* rows_f32) {  // [total, H, 128] fp32, the rows kernel's boxes
-        return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
-                                     kStitchRowStride, true);
-      };
-      // Deep stages (wgmma only): unpadded tiles, four swizzled boxes each.
       rows.rows_wgmma = plan.stitch_rows_wgmma;
       rows.rows_deep = rows.rows_wgmma && !rows.x_split && plan.stitch_rows_stages == 3;
-      auto swizzled_of = [&](const float* rows_f32) {
-        return encode_token_rows_swizzled_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile);
+      // [total, H, 128] fp32 as the rows kernel's tiles: padded boxes, or (deep stages, wgmma only)
+      // four unpadded swizzled boxes each.
+      auto tiles_of = [&](const float* rows_f32) {
+        return rows.rows_deep ? encode_token_rows_swizzled_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim,
+                                                               kHeadDim, kStitchRowTile)
+                              : encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim,
+                                                      kStitchRowTile, kStitchRowStride, true);
       };
-      rows.x_rows = rows.rows_deep ? swizzled_of(rows.x) : tiles_of(rows.x);
-      rows.z_rows = rows.rows_deep ? swizzled_of(rows.z) : tiles_of(rows.z);
+      rows.x_rows = tiles_of(rows.x);
+      rows.z_rows = tiles_of(rows.z);
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     } else {
       launch_stitch(rows, H, stream, S - 1);
