@@ -57,9 +57,6 @@ struct PrefillPlan {
   // kSplit, kept rows in 2xTF32: the products on wgmma (StitchParams::rows_wgmma;
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
-  // kSplit, the rows on wgmma: X stages (FLASHKDA_STITCH_ROWS_STAGES=3: three, unpadded and
-  // swizzled; StitchParams::rows_deep), else two (not yet measured on a GPU: 2 until it is)
-  int stitch_rows_stages = 2;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
   // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.

@@ -130,11 +130,6 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
     EXPECT_FALSE(p.stitch_rows_wgmma);
   }
   {
-    EXPECT_EQ(plan({65536}, 4).stitch_rows_stages, 2);
-    const ScopedEnv env{{"FLASHKDA_STITCH_ROWS_STAGES", "3"}};
-    EXPECT_EQ(plan({65536}, 4).stitch_rows_stages, 3);
-  }
-  {
     const ScopedEnv env{{"FLASHKDA_PREP_TAIL", "0"}};
     const PrefillPlan p = plan({8192}, 96);
     EXPECT_EQ(p.tail_sms, 0);
@@ -169,8 +164,8 @@ void expect_refused(std::initializer_list<std::pair<const char*, const char*>> e
 TEST(PrefillPlan, RefusesWhatItCannotPlan) {
   expect_refused({{"FLASHKDA_SPLIT_SEGMENTS", "33"}}, shapes({65536}, 4), ErrorCode::kInvalidArgument,
                  "FLASHKDA_SPLIT_SEGMENTS");
-  expect_refused({{"FLASHKDA_STITCH_ROWS_STAGES", "4"}}, shapes({65536}, 4), ErrorCode::kInvalidArgument,
-                 "FLASHKDA_STITCH_ROWS_STAGES");
+  expect_refused({{"FLASHKDA_PREP_TAIL_SHARE", "2"}}, shapes({8192}, 96), ErrorCode::kInvalidArgument,
+                 "FLASHKDA_PREP_TAIL_SHARE");
   Problem k64 = shapes({1024}, 4);
   k64.K = 64;
   expect_refused({}, k64, ErrorCode::kUnsupported, "K = 64");

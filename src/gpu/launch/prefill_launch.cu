@@ -310,11 +310,6 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
   plan.stitch_rows_3xtf32 = forced_switch("FLASHKDA_STITCH_3XTF32") == 1;
   plan.stitch_rows_wgmma = forced_switch("FLASHKDA_STITCH_ROWS_WGMMA") != 0;
-  if (const char* stages = std::getenv("FLASHKDA_STITCH_ROWS_STAGES")) {
-    if (std::strcmp(stages, "2") != 0 && std::strcmp(stages, "3") != 0)
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_STITCH_ROWS_STAGES: expected 2 or 3, got '", stages, "'");
-    plan.stitch_rows_stages = stages[0] - '0';
-  }
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -429,18 +424,13 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
                       kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
     if (plan.stitch_rows_kept) {
-      rows.rows_wgmma = plan.stitch_rows_wgmma;
-      rows.rows_deep = rows.rows_wgmma && !rows.x_split && plan.stitch_rows_stages == 3;
-      // [total, H, 128] fp32 as the rows kernel's tiles: padded boxes, or (deep stages, wgmma only)
-      // four unpadded swizzled boxes each.
-      auto tiles_of = [&](const float* rows_f32) {
-        return rows.rows_deep ? encode_token_rows_swizzled_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim,
-                                                               kHeadDim, kStitchRowTile)
-                              : encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim,
-                                                      kStitchRowTile, kStitchRowStride, true);
+      auto tiles_of = [&](const float* rows_f32) {  // [total, H, 128] fp32, the rows kernel's boxes
+        return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
+                                     kStitchRowStride, true);
       };
       rows.x_rows = tiles_of(rows.x);
       rows.z_rows = tiles_of(rows.z);
+      rows.rows_wgmma = plan.stitch_rows_wgmma;
       launch_stitch_rows(rows, H, plan.multiprocessors, stream);
     } else {
       launch_stitch(rows, H, stream, S - 1);

@@ -37,36 +37,21 @@ CUtensorMap encode_3d(CUtensorMapDataType type, const void* base, const cuuint64
   return map;
 }
 
-// [tokens, heads, 128] rows of `elem`-byte elements, boxes of box_tokens tokens of one head by
-// box_row elements: what both row maps below encode.
-CUtensorMap encode_token_rows(CUtensorMapDataType type, cuuint64_t elem, const void* base, int64_t tokens,
-                              int64_t heads, int64_t token_stride, int64_t head_stride, int box_tokens, int box_row,
-                              CUtensorMapSwizzle swizzle, const char* what) {
-  constexpr cuuint64_t kRow = 128;
-  // A problem with no tokens still gets a valid (never used) map: dimensions must be >= 1.
-  const cuuint64_t dims[3] = {kRow, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * elem,
-                                 static_cast<cuuint64_t>(token_stride) * elem};  // bytes, dims 1..2
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_row), 1, static_cast<cuuint32_t>(box_tokens)};
-  return encode_3d(type, base, dims, strides, box, swizzle, what);
-}
-
 }  // namespace
 
 CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t heads, int64_t token_stride,
                                   int64_t head_stride, int box_tokens, int box_row, bool f32) {
-  if (box_row < 128 || box_row > 256 || box_row % 8 != 0)
+  constexpr cuuint64_t kRow = 128;
+  const cuuint64_t elem = f32 ? 4 : 2;
+  // A problem with no tokens still gets a valid (never used) map: dimensions must be >= 1.
+  const cuuint64_t dims[3] = {kRow, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * elem,
+                                 static_cast<cuuint64_t>(token_stride) * elem};  // bytes, dims 1..2
+  if (box_row < static_cast<int>(kRow) || box_row > 256 || box_row % 8 != 0)
     fail(ErrorCode::kInternal, "tensor map: box_row must be a multiple of 8 in [128, 256], got ", box_row);
-  return encode_token_rows(f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2, base,
-                           tokens, heads, token_stride, head_stride, box_tokens, box_row, CU_TENSOR_MAP_SWIZZLE_NONE,
-                           "a tensor map");
-}
-
-CUtensorMap encode_token_rows_swizzled_map(const float* base, int64_t tokens, int64_t heads, int64_t token_stride,
-                                           int64_t head_stride, int box_tokens) {
-  constexpr int kBoxRow = 128 / sizeof(float);  // 128 bytes, the swizzle's row
-  return encode_token_rows(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), base, tokens, heads, token_stride,
-                           head_stride, box_tokens, kBoxRow, CU_TENSOR_MAP_SWIZZLE_128B, "a swizzled row tensor map");
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_row), 1, static_cast<cuuint32_t>(box_tokens)};
+  return encode_3d(f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, dims, strides, box,
+                   CU_TENSOR_MAP_SWIZZLE_NONE, "a tensor map");
 }
 
 CUtensorMap encode_state_rows_map(const void* base, bool f32, int64_t slot_heads) {

@@ -150,9 +150,6 @@ struct StitchParams {
   // launch_stitch_rows without x_split: the products on wgmma (X split, M rounded to tf32: the
   // same one rounding on the other operand), else on mma.sync (stitch_kernel.cu)
   bool rows_wgmma = false;
-  // with rows_wgmma: X three tiles deep and Z two, unpadded and swizzled (x_rows, z_rows from
-  // encode_token_rows_swizzled_map), else both two deep in padded stages
-  bool rows_deep = false;
   // launch_stitch_rows: X and Z as tensor maps of [64 rows][kStitchRowStride] fp32 boxes of one
   // head (encode_token_rows_map; rows, not segments: the kernel keeps to the segment's rows).
   CUtensorMap x_rows{}, z_rows{};

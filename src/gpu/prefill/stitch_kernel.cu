@@ -377,18 +377,16 @@ __device__ __forceinline__ void store_m_canonical(const float4 (&mv)[2 * kMPairs
   }
 }
 // acc = X M^T's product for the tile's 64 rows, warpgroup w / 4 on columns 64 (w / 4) .. +63
-// (FragmentPlace::of_warpgroup); m_desc: that half's B descriptor at k-step 0. x_pair(r, c): the
-// tile's elements (r, c), (r, c + 1) for an even c, as its stage holds them.
-template <typename XPair>
-__device__ __forceinline__ void multiply_rows_wgmma(XPair&& x_pair, uint64_t m_desc, int warp, int lane,
-                                                    float (&acc)[4 * kNTiles]) {
+// (FragmentPlace::of_warpgroup); m_desc: that half's B descriptor at k-step 0.
+__device__ __forceinline__ void multiply_rows_wgmma(const float (&x)[kRows][kPairStride], uint64_t m_desc, int warp,
+                                                    int lane, float (&acc)[4 * kNTiles]) {
   const int g = lane >> 2, t4 = lane & 3, r0 = 16 * (warp % 4);
   constexpr int kSteps = kHeadDim / 8;
   uint32_t hi[kSteps][4], lo[kSteps][4];
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    const float2 top = x_pair(r0 + g, 8 * kk + 2 * t4);
-    const float2 bottom = x_pair(r0 + g + 8, 8 * kk + 2 * t4);
+    const float2 top = load2(&x[r0 + g][8 * kk + 2 * t4]);
+    const float2 bottom = load2(&x[r0 + g + 8][8 * kk + 2 * t4]);
     split_tf32(top.x, hi[kk][0], lo[kk][0]);
     split_tf32(bottom.x, hi[kk][1], lo[kk][1]);
     split_tf32(top.y, hi[kk][2], lo[kk][2]);
@@ -408,44 +406,18 @@ __device__ __forceinline__ void multiply_rows_wgmma(XPair&& x_pair, uint64_t m_d
   ptx::wgmma_wait<0>();
   ptx::fence_operands(acc);
 }
-// The rows kernel's deep stages (StitchParams::rows_deep, wgmma only): X three tiles deep (issued
-// two tiles ahead), Z two, each tile unpadded as four 128-byte-swizzled boxes of 32 columns
-// (encode_token_rows_swizzled_map): 32 KB a tile where the padded stage takes 34, which is what
-// lets a third X stage fit beside M^T (224 KB in all). The stages of the padded form keep one tile
-// (68 KB) a multiprocessor in flight, at ~2.5 TB/s (ncu at 2ac3716, P8).
-constexpr int kDeepXStages = 3, kDeepZStages = 2;
-constexpr int kSwizzleBoxCols = 32;  // 128 bytes of fp32
-constexpr uint32_t kSwizzledTileBytes = sizeof(float) * kRows * kHeadDim;
-struct RowsDeepSmem {
-  float m[kHeadDim * kHeadDim];                // M^T in wgmma's B tile (m_canonical_offset)
-  float x[kDeepXStages][kRows * kHeadDim];     // [4 boxes][64 rows][32 columns], swizzled
-  float z[kDeepZStages][kRows * kHeadDim];
-};
-static_assert(sizeof(float) * kHeadDim * kHeadDim % 1024 == 0 && kSwizzledTileBytes % 1024 == 0,
-              "every swizzled box 1024-byte aligned once the block's base is");
-// Elements (r, c), (r, c + 1) (c even) of a swizzled tile: box c / 32, its row r, 16-byte chunk
-// (c % 32) / 4 stored at chunk ((c % 32) / 4) ^ (r % 8).
-__device__ __forceinline__ float2 swizzled_pair(const float* tile, int r, int c) {
-  const int box = c / kSwizzleBoxCols, chunk = (c % kSwizzleBoxCols) / 4;
-  return load2(tile + box * kRows * kSwizzleBoxCols + r * kSwizzleBoxCols + ((chunk ^ (r & 7)) * 4) + (c & 3));
-}
-
 static_assert(kStitchRowTile == kRows && kStitchRowStride == kPairStride,
               "X tiles in the rows stages are read as multiply_rows reads them");
 static_assert(sizeof(float) * kRows * kStitchRowStride % 128 == 0, "stages stay 128-byte aligned");
 constexpr uint32_t kRowsBoxBytes = sizeof(float) * kRows * kStitchRowStride;  // one tensor-map box
 
-template <bool kSplitX, bool kWgmma, bool kDeep = false>
+template <bool kSplitX, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_constant__ StitchParams p, int H,
                                                                   int64_t tiles_per_group) {
   static_assert(!(kSplitX && kWgmma), "the wgmma form splits X and rounds M (2xTF32)");
-  static_assert(!kDeep || kWgmma, "the deep stages hold M^T as wgmma's tile");
-  using Smem = std::conditional_t<kDeep, RowsDeepSmem, RowsSmemOf<kWgmma>>;
-  constexpr uint32_t kAlign = kDeep ? 1024 : 128;  // the swizzled boxes' alignment, else the boxes'
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<Smem*>(smem_raw + ((kAlign - (ptx::smem_addr(smem_raw) & (kAlign - 1))) & (kAlign - 1)));
-  // A stage's boxes landed: the two stages' X and Z (padded), or X's three then Z's two (deep).
-  __shared__ uint64_t full[kDeep ? kDeepXStages + kDeepZStages : 2];
+  auto& sm = *reinterpret_cast<RowsSmemOf<kWgmma>*>(smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127));
+  __shared__ uint64_t full[2];  // a stage's X and Z boxes landed
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t total = int64_t{p.segments - 1} * H * tiles_per_group;
   const int64_t begin = total * blockIdx.x / gridDim.x, count = total * (blockIdx.x + 1) / gridDim.x - begin;
@@ -466,64 +438,26 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
     return t;
   };
   // Thread 0: the k-th tile's X and Z rows into stage k % 2 (a tile past its segment's rows too,
-  // so that every tile has its phase; rows past the tensor arrive as zeros). Each form compiles
-  // only its own issuing code (the stages differ in shape).
+  // so that every tile has its phase; rows past the tensor arrive as zeros).
   auto issue = [&](int64_t k) {
-    if constexpr (!kDeep) {
-      const Tile u = tile_at(begin + k);
-      const int stage = static_cast<int>(k & 1);
-      const int h = static_cast<int>(u.group % H), row0 = static_cast<int>(u.row0);  // < 2^31 tokens (the plan)
-      ptx::mbarrier_arrive_expect_tx(&full[stage], 2 * kRowsBoxBytes);
-      ptx::tensor_copy_3d_g2s(&sm.x[stage][0][0], &p.x_rows, 0, h, row0, &full[stage]);
-      ptx::tensor_copy_3d_g2s(&sm.z[stage][0][0], &p.z_rows, 0, h, row0, &full[stage]);
-    }
-  };
-  // Deep: the k-th tile's X (or Z) as four swizzled boxes into its stage, on the stage's barrier.
-  auto issue_swizzled = [&](int64_t k, float* tile, const CUtensorMap* map, uint64_t* bar) {
     const Tile u = tile_at(begin + k);
+    const int stage = static_cast<int>(k & 1);
     const int h = static_cast<int>(u.group % H), row0 = static_cast<int>(u.row0);  // < 2^31 tokens (the plan)
-    ptx::mbarrier_arrive_expect_tx(bar, kSwizzledTileBytes);
-#pragma unroll
-    for (int box = 0; box < kHeadDim / kSwizzleBoxCols; ++box)
-      ptx::tensor_copy_3d_g2s(tile + box * kRows * kSwizzleBoxCols, map, box * kSwizzleBoxCols, h, row0, bar);
-  };
-  auto issue_x = [&](int64_t k) {
-    if constexpr (kDeep) {
-      const int stage = static_cast<int>(k % kDeepXStages);
-      issue_swizzled(k, sm.x[stage], &p.x_rows, &full[stage]);
-    }
-  };
-  auto issue_z = [&](int64_t k) {
-    if constexpr (kDeep) {
-      const int stage = static_cast<int>(k % kDeepZStages);
-      issue_swizzled(k, sm.z[stage], &p.z_rows, &full[kDeepXStages + stage]);
-    }
+    ptx::mbarrier_arrive_expect_tx(&full[stage], 2 * kRowsBoxBytes);
+    ptx::tensor_copy_3d_g2s(&sm.x[stage][0][0], &p.x_rows, 0, h, row0, &full[stage]);
+    ptx::tensor_copy_3d_g2s(&sm.z[stage][0][0], &p.z_rows, 0, h, row0, &full[stage]);
   };
   if (tid == 0) {
-#pragma unroll
-    for (int b = 0; b < (kDeep ? kDeepXStages + kDeepZStages : 2); ++b) ptx::mbarrier_init(&full[b], 1);
+    ptx::mbarrier_init(&full[0], 1);
+    ptx::mbarrier_init(&full[1], 1);
     ptx::fence_mbarrier_init();
-    if constexpr (kDeep) {
-      if (count > 0) {
-        issue_x(0);
-        issue_z(0);
-      }
-      if (count > 1) issue_x(1);
-    } else if (count > 0) {
-      issue(0);
-    }
+    if (count > 0) issue(0);
   }
   __syncthreads();
   int64_t loaded_group = -1;
   for (int64_t k = 0; k < count; ++k) {
-    // Stage (k + 1) % 2 was read by tile k - 1, done at its trailing barrier (deep: X's stage
-    // (k + 2) % 3 and Z's (k + 1) % 2, both last read by tile k - 1).
-    if constexpr (kDeep) {
-      if (tid == 0 && k + 2 < count) issue_x(k + 2);
-      if (tid == 0 && k + 1 < count) issue_z(k + 1);
-    } else if (tid == 0 && k + 1 < count) {
-      issue(k + 1);
-    }
+    // Stage (k + 1) % 2 was read by tile k - 1, done at its trailing barrier.
+    if (tid == 0 && k + 1 < count) issue(k + 1);
     const Tile t = tile_at(begin + k);
     const int h = static_cast<int>(t.group % H), segment = 1 + static_cast<int>(t.group / H);
     if (t.row0 < t.row_end && t.group != loaded_group) {  // this (segment, head)'s M (no thread reads M now)
@@ -541,33 +475,17 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_rows_kernel(const __grid_c
       loaded_group = t.group;
       __syncthreads();
     }
-    // This tile's stages: X's waited for now (padded: Z's with it, one barrier), deep Z's once the
-    // products are done; their element pairs as each form stores them.
-    const int xs = static_cast<int>(kDeep ? k % kDeepXStages : k & 1);
-    const int zs = kDeep ? static_cast<int>(k % kDeepZStages) : xs;
-    ptx::mbarrier_wait_parity(&full[xs], static_cast<uint32_t>(kDeep ? k / kDeepXStages : k >> 1) & 1u);
-    auto wait_z = [&] {
-      if constexpr (kDeep)
-        ptx::mbarrier_wait_parity(&full[kDeepXStages + zs], static_cast<uint32_t>(k / kDeepZStages) & 1u);
-    };
-    const auto& x = sm.x[xs];
-    const auto& z = sm.z[zs];
-    auto pair = [](const auto& tile, int r, int c) {
-      if constexpr (kDeep) return swizzled_pair(tile, r, c);
-      else return load2(&tile[r][c]);
-    };
+    const int stage = static_cast<int>(k & 1);
+    ptx::mbarrier_wait_parity(&full[stage], static_cast<uint32_t>(k >> 1) & 1u);
     if (t.row0 < t.row_end) {  // uniform over the block
       float acc[kNTiles][4];
       if constexpr (kWgmma)
-        multiply_rows_wgmma([&](int r, int c) { return pair(x, r, c); }, m_desc, warp, lane,
-                            reinterpret_cast<float(&)[4 * kNTiles]>(acc));
+        multiply_rows_wgmma(sm.x[stage], m_desc, warp, lane, reinterpret_cast<float(&)[4 * kNTiles]>(acc));
       else
-        multiply_rows<kPairStride, true, kSplitX>(x, sm.m, warp, lane, acc);
-      wait_z();
-      store_rows(acc, [&](int half, int, int64_t, int col) { return pair(z, f.row(half), col); }, p.y, p.y_f32,
+        multiply_rows<kPairStride, true, kSplitX>(sm.x[stage], sm.m, warp, lane, acc);
+      const auto& z = sm.z[stage];
+      store_rows(acc, [&](int half, int, int64_t, int col) { return load2(&z[f.row(half)][col]); }, p.y, p.y_f32,
                  p.row_stride, h * p.head_stride, t.row0, t.row_begin, t.row_end, f, KeepNothing{});
-    } else {
-      wait_z();  // every phase waited for: the stage is filled again only after its last copy landed
     }
     __syncthreads();  // every warp is done with this stage (and M) before they are written again
   }
@@ -586,13 +504,12 @@ void launch_stitch_form(const StitchParams& p, int heads, cudaStream_t stream, i
   launch_kernel(stitch_kernel<kTransposed, kSplitX>, grid, dim3(kThreads), kSmem, stream, false, "stitch kernel", p);
 }
 
-template <bool kSplitX, bool kWgmma, bool kDeep = false>
+template <bool kSplitX, bool kWgmma>
 void launch_stitch_rows_form(const StitchParams& p, int heads, int64_t blocks, int64_t tiles_per_group,
                              cudaStream_t stream) {
-  // + the alignment the stages' tensor-map copies need (1024 bytes for the swizzled boxes)
-  constexpr int kSmem = kDeep ? sizeof(RowsDeepSmem) + 1024 : sizeof(RowsSmemOf<kWgmma>) + 128;
-  static_assert(kSmem <= 227 * 1024, "M and the stages in one block's shared memory");
-  const auto kernel = stitch_rows_kernel<kSplitX, kWgmma, kDeep>;
+  constexpr int kSmem = sizeof(RowsSmemOf<kWgmma>) + 128;  // + the alignment the stages' tensor-map copies need
+  static_assert(kSmem <= 227 * 1024, "M and two stages in one block's shared memory");
+  const auto kernel = stitch_rows_kernel<kSplitX, kWgmma>;
   static PerDeviceOnce raised;
   raised.run("stitch rows kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -617,15 +534,11 @@ void launch_stitch_chain(const StitchChain& p, int heads, cudaStream_t stream) {
 void launch_stitch_rows(const StitchParams& p, int heads, int sms, cudaStream_t stream) {
   if (p.segment != 1 || !p.m_transposed || p.segments < 2 || sms < 1)
     fail(ErrorCode::kInternal, "stitch rows: segment ", p.segment, " of ", p.segments);
-  if (p.rows_deep && (p.x_split || !p.rows_wgmma))
-    fail(ErrorCode::kInternal, "stitch rows: the deep (swizzled) stages are the 2xTF32 wgmma form's only");
   const int64_t tiles_per_group = (p.rows + kRows - 1) / kRows;
   const int64_t tiles = int64_t{p.segments - 1} * heads * tiles_per_group;
   const int64_t blocks = tiles < sms ? tiles : sms;  // one a multiprocessor (its shared memory)
   if (blocks == 0) return;
   if (p.x_split) launch_stitch_rows_form<true, false>(p, heads, blocks, tiles_per_group, stream);
-  else if (p.rows_wgmma && p.rows_deep)
-    launch_stitch_rows_form<false, true, true>(p, heads, blocks, tiles_per_group, stream);
   else if (p.rows_wgmma) launch_stitch_rows_form<false, true>(p, heads, blocks, tiles_per_group, stream);
   else launch_stitch_rows_form<false, false>(p, heads, blocks, tiles_per_group, stream);
 }
