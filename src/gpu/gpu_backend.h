@@ -58,9 +58,10 @@ struct PrefillPlan {
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
-  // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
-  int64_t tail_first_slot = 0;
+  // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
+  // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms
+  // multiprocessors the state grid leaves idle; 0: no tail.
+  int tail_per_segment = 0;
   int tail_sms = 0;
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
