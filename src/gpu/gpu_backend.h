@@ -67,7 +67,8 @@ struct PrefillPlan {
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
-  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
+  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets),
+  // then the prep tail's hand-off (tail_offset()).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
   // tail_bytes: the prep tail's counters and ready flags
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, tail_bytes = 0;
@@ -79,6 +80,9 @@ struct PrefillPlan {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
     return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + tail_bytes;
   }
+  // The prep tail's region: the workspace's last bytes, after the split pass's buffers, which its
+  // runs write while the tail still takes chunks (128-byte aligned: every region before it is).
+  size_t tail_offset() const { return workspace_bytes() - tail_bytes; }
 };
 
 // The chunked prefill kernels (K = V = 128, safe gate, V-major [N, H, V, K] states, dense inputs).

@@ -119,6 +119,9 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
     EXPECT_FALSE(p.stitch_rows_3xtf32);
     EXPECT_EQ(p.split_row_bytes, static_cast<size_t>(c.tokens * c.heads) * 128 * sizeof(float));
     EXPECT_EQ(p.tail_sms, c.tail_sms);
+    // The tail's region after the runs' buffers (they write them while the tail runs), to the end.
+    EXPECT_GE(p.tail_offset(), p.record_bytes + 3 * (c.segments - 1) * p.split_state_bytes + 2 * p.split_row_bytes);
+    EXPECT_EQ(p.tail_offset() + p.tail_bytes, p.workspace_bytes());
     EXPECT_EQ(p.state_after_prep, c.tail_sms == 0);  // beside a tail the state grid follows the tail's grid
     const int64_t segment_chunks = c.tokens / 16 / c.segments;
     if (c.tail_sms > 0) {  // of each segment, about 0.78 x 12 / (S H) = 14.6% (the rates in prefill_launch.cu)

@@ -355,7 +355,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                    ? reinterpret_cast<int*>(after_records + kItemCounterBytes)
                    : nullptr;
   // The prep tail's hand-off; its ready flags are written by the tail's grid and read by the state grid.
-  const PrepTail tail = tail_hand_off(after_records, p, plan);
+  auto* const tail_region = static_cast<uint8_t*>(workspace) + plan.tail_offset();
+  const PrepTail tail = tail_hand_off(tail_region, p, plan);
   if (p.total_tokens > 0) {
     const ActivationView q = activation_view(p.q, p.q_rows, p, p.K), k = activation_view(p.k, p.k_rows, p, p.K),
                          g = activation_view(p.g, p.g_rows, p, p.K);
@@ -365,7 +366,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
     if (plan.tail_sms > 0) {  // the chunks before the tail's, then the tail's grid (zeroed hand-off first)
-      const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
+      const cudaError_t err = cudaMemsetAsync(tail_region, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
       prep.tail = tail;
       launch_prep(prep, tail.chunks.chunks - tail.chunks.count(), stream);
