@@ -12,12 +12,8 @@
 // 188; a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The
 // chunk step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
 // it alone against fp64. Per item, or (kSplit) the segment-parallel pass's runs (StateSplit in
-// kernels.h, as state_kernel.cu's): a block a head and run, blockIdx.y the run. kTail: the split
-// pass beside a prep tail (PrepTail in kernels.h) on the multiprocessors its runs leave (P7,
-// P11: 12 of 132), as state_kernel.cu's kTail: launched right after the tail's grid, thread 0
-// waits on each tail record's ready flag before its copy, and every thread waits for the prep
-// grids to finish before it exits. V-major states, no checkpoints, no persistent form: other
-// calls keep the mma.sync passes.
+// kernels.h, as state_kernel.cu's): a block a head and run, blockIdx.y the run. V-major states,
+// no checkpoints, no persistent form: other calls keep the mma.sync passes.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
@@ -41,9 +37,8 @@ constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
 static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
 
-template <bool kSplit, bool kTail = false>
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
-  static_assert(!kTail || kSplit, "the prep tail runs beside the split pass here");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
   const int64_t n = blockIdx.x / H;
@@ -62,8 +57,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   const bool a_run = kSplit && StateSplit::is_a_run(run);
   if constexpr (kSplit) StateSplit::segment_chunks(num_chunks, p.split.segments, segment, c_begin, c_end);
   const int64_t record_stride = static_cast<int64_t>(H) * WgmmaRecord::kBytes;
-  const int64_t slot0 = p.seqs.first_slot(n, bos);
-  const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * WgmmaRecord::kBytes;
+  const uint8_t* records =
+      p.records + p.seqs.first_slot(n, bos) * record_stride + static_cast<int64_t>(h) * WgmmaRecord::kBytes;
 
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128 - (ptx::smem_addr(smem_raw) & 127)) & 127);  // tensor-map destinations
@@ -79,15 +74,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   auto fill = [&](int i) {
     const auto to = Ring::Cursor::of_fill(i);
     const int c = c_begin + i;
-    if constexpr (kTail) wait_tail_record(p, slot0 + c, h);
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
                             &p.v_rows, h, a_run ? v_token0 : v_token0 + int64_t{c} * kChunk);
   };
   const int chunks = c_end - c_begin;
   if (threadIdx.x == 0) {
-    // After the prep grid (p.after_prep): its records are complete from here on. The tail's are
-    // waited for one by one in fill instead.
-    if constexpr (!kTail) ptx::griddep_wait();
+    ptx::griddep_wait();  // after the prep grid (p.after_prep): its records are complete from here on
     for (int i = 0; i < chunks && i < kStages; ++i) fill(i);
   }
 
@@ -131,7 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
   }
-  if constexpr (kTail) ptx::griddep_wait();  // the work after the call finds the prep grids done
 }
 
 }  // namespace
@@ -139,18 +130,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream) {
   if (p.checkpoints.count > 0 || p.k_major || p.item_counter)
     fail(ErrorCode::kInternal, "wgmma state kernel: V-major, no checkpoints, not persistent only");
-  const bool split = p.split.segments > 0, tail = p.ready != nullptr;
-  if (tail && !split) fail(ErrorCode::kInternal, "wgmma state kernel: a prep tail beside the split pass only");
-  const auto kernel = tail ? state_wgmma_kernel<true, true> : split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
-  static PerDeviceOnce raised[3];  // the shared-memory limit, raised once per device the caller uses
-  raised[split + tail].run("wgmma state kernel: setting its shared memory size", [&] {
+  const bool split = p.split.segments > 0;
+  const auto kernel = split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
+  static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
+  raised[split].run("wgmma state kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks), split ? 2 * p.split.segments - 1 : 1);
-  // Beside a prep tail: programmatically after the tail's grid (each tail block lets it at its start).
-  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, tail || p.after_prep, "wgmma state kernel", p);
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, p.after_prep, "wgmma state kernel", p);
 }
 
 }  // namespace flashkda::gpu
