@@ -58,15 +58,17 @@ struct PrefillPlan {
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  // kPerItem, 8x1: the prep tail (PrepTail in prefill/kernels.h) takes slots [tail_first_slot,
-  // slots) on tail_sms multiprocessors the state grid leaves idle; 0: no tail.
-  int64_t tail_first_slot = 0;
+  // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
+  // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms
+  // multiprocessors the state grid leaves idle; 0: no tail.
+  int tail_per_segment = 0;
   int tail_sms = 0;
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
-  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets).
+  // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets),
+  // then the prep tail's hand-off (tail_offset()).
   // counter_bytes: the persistent pass's item counter (128 bytes), then its sequence order ([N] int32, or none)
   // tail_bytes: the prep tail's counters and ready flags
   size_t record_bytes = 0, counter_bytes = 0, split_state_bytes = 0, split_row_bytes = 0, tail_bytes = 0;
@@ -78,6 +80,9 @@ struct PrefillPlan {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;
     return record_bytes + counter_bytes + states * split_state_bytes + 2 * split_row_bytes + tail_bytes;
   }
+  // The prep tail's region: the workspace's last bytes, after the split pass's buffers, which its
+  // runs write while the tail still takes chunks (128-byte aligned: every region before it is).
+  size_t tail_offset() const { return workspace_bytes() - tail_bytes; }
 };
 
 // The chunked prefill kernels (K = V = 128, safe gate, V-major [N, H, V, K] states, dense inputs).

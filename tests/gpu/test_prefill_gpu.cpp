@@ -448,25 +448,63 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 
+// The same on the wgmma split pass (one sequence cut in segments, runs a block a head and run):
+// the tail writes the last chunks of every segment on the multiprocessors the runs leave, each
+// run waits for the whole tail before its segment's first tail chunk. Bit for bit the prep kernel alone's outputs, at the launcher's
+// share (the cap of 0.5 here: 7 runs of 4 heads leave ~100 multiprocessors) and at a small
+// forced one, both gates, then against the oracle.
+TEST_F(GpuPrefill, SplitPrepTailMatchesOnePrepGridBitForBit) {
+  setenv("FLASHKDA_SPLIT", "1", 1);
+  setenv("FLASHKDA_SPLIT_SEGMENTS", "4", 1);
+  for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
+    SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
+    ProblemSpec spec = packed({3000}, 4, 36);
+    spec.gate = gate;
+    RandomProblem host(spec);
+    if (gate == Gate::kSoftplus) kimi_softplus(host, 37);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_PREP_TAIL", "0", 1);
+    const DeviceProblem::Outputs base = dev.run_fresh();
+    unsetenv("FLASHKDA_PREP_TAIL");
+    for (const char* share : {"", "0.1"}) {
+      if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
+      for (int run = 0; run < 2; ++run)
+        expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
+      unsetenv("FLASHKDA_PREP_TAIL_SHARE");
+    }
+    expect_matches_oracle(host);
+  }
+  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  unsetenv("FLASHKDA_SPLIT");
+}
+
 // The case compute-sanitizer runs (memcheck, racecheck, synccheck): small, varlen, states.
 TEST_F(GpuPrefill, SmallVarlenWithStates) { expect_matches_oracle(packed({20, 0, 1, 35}, 2, 20)); }
 
-// The prep tail at its smallest (69 chunks, the fewest it takes is 64), one call: the form the
-// sanitizers run, since racecheck needs ~16 s a call of the bit-for-bit test above.
+// The prep tail at its smallest (69 chunks, the fewest it takes is 64), one call beside the 8x1
+// pass and one beside the split pass: the form the sanitizers run, since racecheck needs ~16 s a
+// call of the bit-for-bit tests above.
 TEST_F(GpuPrefill, SmallPrepTail) {
   setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
   expect_matches_oracle(packed({1100}, 2, 35));
   unsetenv("FLASHKDA_STATE_CONFIG");
+  setenv("FLASHKDA_SPLIT", "1", 1);  // the wgmma split pass's tail: 3 segments of 23 chunks, 11 of each in the tail
+  setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
+  expect_matches_oracle(packed({1100}, 2, 38));
+  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  unsetenv("FLASHKDA_SPLIT");
 }
 
 // A plain call, the persistent pass (started programmatically after the prep grid, which zeroes
-// its item counter) and a call with a prep tail (8x1, one sequence: a second prep grid beside the
-// state grid, which starts programmatically and waits on ready flags), each on a non-default
-// stream and captured into a CUDA graph, replayed twice (the graph zeroes the hand-offs again).
+// its item counter) and calls with a prep tail (one sequence, 8x1 and the split pass: a second
+// prep grid beside the state grid, which starts programmatically and waits on ready flags), each
+// on a non-default stream and captured into a CUDA graph, replayed twice (the graph zeroes the
+// hand-offs again).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {
   const std::vector<SwitchForm> forms = {{nullptr, nullptr, {100, 33}, 4},
                                          {"FLASHKDA_PERSISTENT", "1", {100, 33}, 4},    // after prep (PDL)
-                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6}};  // a prep tail
+                                         {"FLASHKDA_STATE_CONFIG", "8x1", {1500}, 6},   // a prep tail
+                                         {"FLASHKDA_SPLIT", "1", {1500}, 6}};           // the split pass's tail
   for (const SwitchForm& form : forms) {
     SCOPED_TRACE(form.variable ? std::string(form.variable) + "=" + form.value : std::string("the launcher's choice"));
     if (form.variable) setenv(form.variable, form.value, 1);

@@ -13,6 +13,7 @@
 
 #include "common/problem.h"
 #include "gpu/gpu_backend.h"
+#include "gpu/prefill/tail_chunks.h"
 
 namespace flashkda {
 namespace {
@@ -64,8 +65,8 @@ TEST(PrefillPlan, OneSequenceManyHeadsRunsEightByOneBesideAPrepTail) {  // P1
   EXPECT_EQ(p.value_slices, 8);
   EXPECT_EQ(p.key_parts, 1);
   EXPECT_EQ(p.tail_sms, kH200Multiprocessors - 96);  // the multiprocessors the 96 chains leave
-  EXPECT_GT(p.tail_first_slot, 8192 / 16 / 2);        // the tail takes a minority of the chunks
-  EXPECT_LT(p.tail_first_slot, 8192 / 16);
+  EXPECT_GT(p.tail_per_segment, 0);                   // the tail takes a minority of the chunks
+  EXPECT_LT(p.tail_per_segment, 8192 / 16 / 2);
   EXPECT_FALSE(p.state_after_prep);  // the state grid follows the tail's grid instead
   EXPECT_EQ(p.record_bytes % (512 * 96), 0u);
   EXPECT_GE(p.workspace_bytes(), p.record_bytes + p.tail_bytes);
@@ -102,8 +103,9 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
   struct Case {
     int64_t tokens, heads;
     int segments;  // the most whose 2S - 1 runs of H blocks fit 132, segments >= 3840 tokens, <= 17
+    int tail_sms;  // the multiprocessors the runs leave to a prep tail (at least 8, else none)
   };
-  for (const Case& c : {Case{32768, 8, 8}, Case{65536, 4, 17}, Case{131072, 8, 8}}) {
+  for (const Case& c : {Case{32768, 8, 8, 12}, Case{65536, 4, 17, 0}, Case{131072, 8, 8, 12}}) {
     SCOPED_TRACE(std::to_string(c.tokens) + " tokens x " + std::to_string(c.heads) + " heads");
     const PrefillPlan p = plan({c.tokens}, c.heads);
     EXPECT_EQ(p.pass, Pass::kSplit);
@@ -116,6 +118,18 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
     EXPECT_TRUE(p.stitch_rows_wgmma);
     EXPECT_FALSE(p.stitch_rows_3xtf32);
     EXPECT_EQ(p.split_row_bytes, static_cast<size_t>(c.tokens * c.heads) * 128 * sizeof(float));
+    EXPECT_EQ(p.tail_sms, c.tail_sms);
+    // The tail's region after the runs' buffers (they write them while the tail runs), to the end.
+    EXPECT_GE(p.tail_offset(), p.record_bytes + 3 * (c.segments - 1) * p.split_state_bytes + 2 * p.split_row_bytes);
+    EXPECT_EQ(p.tail_offset() + p.tail_bytes, p.workspace_bytes());
+    EXPECT_EQ(p.state_after_prep, c.tail_sms == 0);  // beside a tail the state grid follows the tail's grid
+    const int64_t segment_chunks = c.tokens / 16 / c.segments;
+    if (c.tail_sms > 0) {  // of each segment, about 13.5% (the rates in prefill_launch.cu)
+      EXPECT_GT(p.tail_per_segment, segment_chunks / 10);
+      EXPECT_LT(p.tail_per_segment, segment_chunks / 5);
+    } else {
+      EXPECT_EQ(p.tail_per_segment, 0);
+    }
   }
   // Shorter: fewer segments of at least 3840 tokens; under three, no split (the stitch costs more).
   EXPECT_EQ(plan({16384}, 4).split_segments, 4);
@@ -129,11 +143,17 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
     EXPECT_EQ(p.split_segments, 12);
     EXPECT_FALSE(p.stitch_rows_wgmma);
   }
-  {
+  for (const int64_t heads : {96, 8}) {  // P1, P7
     const ScopedEnv env{{"FLASHKDA_PREP_TAIL", "0"}};
-    const PrefillPlan p = plan({8192}, 96);
+    const PrefillPlan p = plan({heads == 96 ? 8192 : 32768}, heads);
     EXPECT_EQ(p.tail_sms, 0);
+    EXPECT_EQ(p.tail_bytes, 0u);
     EXPECT_TRUE(p.state_after_prep);  // without a tail, programmatically after the prep grid
+  }
+  {
+    const ScopedEnv env{{"FLASHKDA_PREP_TAIL_SHARE", "0.25"}};
+    EXPECT_EQ(plan({32768}, 8).tail_per_segment, 256 / 4);  // P7: a quarter of each segment's 256 chunks
+    EXPECT_EQ(plan({8192}, 96).tail_per_segment, 512 / 4);  // P1: of the sequence's 512
   }
   {
     const ScopedEnv env{{"FLASHKDA_STATE_WGMMA", "1"}};
@@ -144,6 +164,37 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
   {
     const ScopedEnv env{{"FLASHKDA_SPLIT", "0"}};
     EXPECT_NE(plan({32768}, 8).pass, Pass::kSplit);
+  }
+}
+
+// The tail's chunks and the prep grid's together are every chunk once, each where holds() says;
+// the tail's come position by position (every segment's first tail chunk, then its second, ...),
+// each segment's in order. Geometries: P7's and P11's splits, P1's one segment, and a sequence
+// whose last segment is shorter than the others.
+TEST(PrefillPlan, TailChunksAndThePrepGridsCoverEveryChunkOnce) {
+  for (const gpu::TailChunks t : {gpu::TailChunks{2048, 256, 37, 8}, gpu::TailChunks{8192, 1024, 149, 8},
+                                  gpu::TailChunks{512, 512, 161, 1}, gpu::TailChunks{1000, 143, 20, 7}}) {
+    SCOPED_TRACE(std::to_string(t.chunks) + " chunks, " + std::to_string(t.segments) + " segments, " +
+                 std::to_string(t.per_segment) + " a segment in the tail");
+    std::vector<int> writes(t.chunks, 0);
+    for (int m = 0; m < t.chunks - t.count(); ++m) {
+      const int c = t.head_chunk(m);
+      ASSERT_TRUE(c >= 0 && c < t.chunks) << m;
+      EXPECT_FALSE(t.holds(c)) << c;
+      ++writes[c];
+    }
+    std::vector<int> last_of_segment(t.segments, -1);
+    for (int k = 0; k < t.count(); ++k) {
+      const int c = t.tail_chunk(k), s = c / t.segment_chunks;
+      ASSERT_TRUE(c >= 0 && c < t.chunks) << k;
+      EXPECT_TRUE(t.holds(c)) << c;
+      EXPECT_EQ(s, k % t.segments);             // position by position
+      EXPECT_GT(c, last_of_segment[s]) << k;    // in order within a segment
+      EXPECT_EQ(t.segment_end(s) - c, t.per_segment - k / t.segments);  // the segment's last chunks
+      last_of_segment[s] = c;
+      ++writes[c];
+    }
+    for (int c = 0; c < t.chunks; ++c) EXPECT_EQ(writes[c], 1) << c;
   }
 }
 

@@ -157,8 +157,8 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
-// The prep tail's workspace: its chunk counter and multiprocessor count on a 128-byte line, the
-// per-multiprocessor block counts and ranks, then a ready flag per record.
+// The prep tail's workspace: its chunk counter, multiprocessor count and count of records written
+// on a 128-byte line, the per-multiprocessor block counts and ranks, then a ready flag per record.
 constexpr size_t kTailCounterBytes = 128;
 constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 // Tail blocks a multiprocessor: the prep kernel's own occupancy (80 registers, 35 KB: six), which
@@ -167,17 +167,25 @@ constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 // blocks that do not fit at first start on the multiprocessors the others left, and leave too.
 constexpr int kTailBlocksPerSm = 6;
 
+// The prep tail's chunks (TailChunks in prefill/kernels.h; one sequence) as the plan cut them.
+TailChunks tail_chunks(const Problem& p, const PrefillPlan& plan) {
+  if (plan.tail_sms == 0) return {};
+  const int chunks = static_cast<int>((p.total_tokens + kChunk - 1) / kChunk);  // < 2^27 (check_limits)
+  const int segments = plan.pass == PrefillPlan::Pass::kSplit ? plan.split_segments : 1;
+  return {chunks, (chunks + segments - 1) / segments, plan.tail_per_segment, segments};  // StateSplit's segments
+}
+
 // The prep tail's hand-off in its workspace region (plan.tail_bytes, zeroed before each call),
 // laid out as the constants above say; none (ready = nullptr) without a tail.
-PrepTail tail_hand_off(uint8_t* region, const PrefillPlan& plan, int64_t num_slots) {
+PrepTail tail_hand_off(uint8_t* region, const Problem& p, const PrefillPlan& plan) {
   if (plan.tail_sms == 0) return {};
-  return {plan.tail_first_slot,
-          num_slots,
+  return {tail_chunks(p, plan),
           reinterpret_cast<unsigned long long*>(region),
           reinterpret_cast<unsigned*>(region + sizeof(unsigned long long)),
           reinterpret_cast<unsigned*>(region + kTailCounterBytes),
           reinterpret_cast<uint32_t*>(region + kTailCounterBytes + kTailSmBytes),
           reinterpret_cast<uint32_t*>(region + kTailCounterBytes + 2 * kTailSmBytes),
+          reinterpret_cast<unsigned*>(region + sizeof(unsigned long long) + sizeof(unsigned)),
           plan.tail_sms,
           kTailBlocksPerSm};
 }
@@ -193,46 +201,69 @@ bool orders_sequences(const Problem& p) {
 }
 
 // Prep tail: one sequence on many heads (P1) runs the 8x1 pass with one block a head, H of the
-// multiprocessors, and leaves the others idle for the whole chain (P1: 36 of 132 for ~670 us).
-// The prep kernel then writes only the first chunks' records, and a second prep grid (the tail,
-// PrepTail in kernels.h) writes the rest on the idle multiprocessors while the chains run: it is
-// launched before the state grid, its blocks stay on (sms - H) multiprocessors and leave the
-// others at once, and the state grid, launched after it programmatically, starts on the empty
-// ones and waits on a ready flag for each tail record. Neither grid waits on one that can be
-// kept from running: the tail's blocks never wait on the state pass, and where the runtime does
-// not overlap them (profilers, sanitizers) the state grid finds every flag set. The tail's share
-// of the chunks keeps it ahead of the chains: on I idle multiprocessors it writes a chunk of all
-// H heads in ~1.41 H / I us (the prep kernel's rate, six blocks a multiprocessor: P1's 49152
-// records in ~524 us on 132) against a chain step of ~1.31 us, so up to 0.93 I / H of the chunks;
-// 0.84 I / H leaves a 10% margin (P1: 31%). The softplus gate's prep is ~1.22x slower (P1: 0.670
-// against 0.549 ms, ncu), so its share is smaller: 0.67 I / H. Measured on the H200 at 5253f3c
-// with the share forced (two runs each): P1 1.055 at 0.315 (the default), 1.073 at 0.28, 1.053 at
-// 0.34, 1.089 at 0.37; P1-softplus 1.287 at 0.315, 1.222 at 0.28, 1.336 at 0.34, 1.391 at 0.37;
-// at 9fc21db and 4830f2c (machines of two calls): 1.218 / 1.222 at 0.281, 1.168 / 1.172 at 0.25,
-// 1.177 at 0.26, 1.190 at 0.22 (a call of 0.20 / 0.22 / 0.25 alone read 1.21 / 1.20 / 1.21).
-// This rule gives 0.251 at P1. FLASHKDA_PREP_TAIL=0 turns it off; FLASHKDA_PREP_TAIL_SHARE=x sets
-// the share (tests, measurements).
+// multiprocessors, and leaves the others idle for the whole chain (P1: 36 of 132 for ~670 us);
+// the wgmma split pass of one long sequence on few heads runs (2S - 1) H blocks (P7, P11: 120,
+// 12 idle for ~340 / 1330 us). The prep kernel then writes only the chunks the chains need first,
+// and a second prep grid (the tail, PrepTail in kernels.h) writes the rest on the idle
+// multiprocessors while the chains run: the last chunks of the sequence, or of each segment
+// (TailChunks). It is launched before the state grid, its blocks stay on the idle number of
+// multiprocessors and leave the others at once, and the state grid, launched after it
+// programmatically, starts on the empty ones and waits on a ready flag for each tail record.
+// Neither grid waits on one that can be kept from running: the tail's blocks never wait on the
+// state pass, and where the runtime does not overlap them (profilers, sanitizers) the state grid
+// finds every flag set. The tail's share keeps it ahead of the chains: on I idle multiprocessors
+// it writes one chunk of each of the S segments of all H heads in ~r S H / I us (r: the prep
+// kernel's time a record on a multiprocessor at six blocks) against a chain step of ~t us. The
+// 8x1 pass (S = 1) waits a record at a time, so up to (t / r) I / H of the chunks: r ~1.41 us
+// (P1's 49152 records in ~524 us on 132), t ~1.31, so 0.93 I / H; 0.84 I / H leaves a 10% margin
+// (P1: 31%).
+// The softplus gate's prep is ~1.22x slower (P1: 0.670 against 0.549 ms, ncu), so its share is
+// smaller: 0.67 I / H. Measured on the H200 at 5253f3c with the share forced (two runs each): P1
+// 1.055 at 0.315 (the default), 1.073 at 0.28, 1.053 at 0.34, 1.089 at 0.37; P1-softplus 1.287 at
+// 0.315, 1.222 at 0.28, 1.336 at 0.34, 1.391 at 0.37; at 9fc21db and 4830f2c (machines of two
+// calls): 1.218 / 1.222 at 0.281, 1.168 / 1.172 at 0.25, 1.177 at 0.26, 1.190 at 0.22 (a call of
+// 0.20 / 0.22 / 0.25 alone read 1.21 / 1.20 / 1.21). This rule gives 0.251 at P1. The split
+// pass's runs wait once for the whole tail, when they reach their segments' tails (a wait a
+// record cost them 15%: state_wgmma_kernel.cu), so the tail must be done by then: a share f with
+// f r S H / I <= (1 - f) t, f <= x / (1 + x) for x = (t / r) I / (S H), of which 0.9 is kept.
+// Measured rates (ncu at a9fce7c, P7): the tail's wgmma records r ~1.41 us (2392 in 281 us on 12
+// multiprocessors), the chain step t ~1.33 (256 steps in 340 us): t / r = 0.94 (softplus, its
+// prep 1.22x slower: 0.77); P7, P11: x = 0.176, f = 0.135. FLASHKDA_PREP_TAIL=0 turns it off;
+// FLASHKDA_PREP_TAIL_SHARE=x sets the share (tests, measurements).
 constexpr int kMinTailSms = 8;
 constexpr int64_t kMinTailChunks = 64;
-constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.67;  // times I / H
+constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.67;  // 8x1: times I / H
+constexpr double kTailRateSplitSafe = 0.94, kTailRateSplitSoftplus = 0.77;  // split: t / r
+constexpr double kTailSplitMargin = 0.9;
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
-  if (plan.pass != PrefillPlan::Pass::kPerItem || c.value_slices != 8 || p.N != 1 || p.checkpoint_offsets ||
-      p.state_layout != StateLayout::kVK || forced_switch("FLASHKDA_PREP_TAIL") == 0)
-    return;
-  const int idle = plan.multiprocessors - static_cast<int>(p.H);
+  const bool split = plan.pass == PrefillPlan::Pass::kSplit && plan.split_wgmma;  // N = 1, V-major, no checkpoints
+  const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && p.N == 1 &&
+                        !p.checkpoint_offsets && p.state_layout == StateLayout::kVK;
+  if (!(split || per_item) || forced_switch("FLASHKDA_PREP_TAIL") == 0) return;
+  const int segments = split ? plan.split_segments : 1;
+  const int64_t blocks = p.H * (split ? 2 * segments - 1 : 1);  // a block a head (and run) a multiprocessor
+  const int64_t idle = plan.multiprocessors - blocks;
   const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
   if (idle < kMinTailSms || chunks < kMinTailChunks) return;
-  double share = (p.gate == Gate::kSoftplus ? kTailShareSoftplus : kTailShareSafe) * idle / static_cast<double>(p.H);
+  const bool softplus = p.gate == Gate::kSoftplus;
+  const double per_record = static_cast<double>(idle) / static_cast<double>(segments * p.H);  // I / (S H)
+  double share = (softplus ? kTailShareSoftplus : kTailShareSafe) * per_record;
+  if (split) {
+    const double x = (softplus ? kTailRateSplitSoftplus : kTailRateSplitSafe) * per_record;
+    share = kTailSplitMargin * x / (1.0 + x);
+  }
   if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {
     if (std::sscanf(forced, "%lf", &share) != 1 || !(share > 0.0 && share < 1.0))
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_TAIL_SHARE: expected a fraction in (0, 1), got '", forced, "'");
   }
   share = std::min(share, 0.5);
-  const int64_t tail_chunks = static_cast<int64_t>(share * static_cast<double>(chunks));
-  if (tail_chunks < 1) return;
-  plan.tail_first_slot = chunks - tail_chunks;  // slot c holds chunk c (one sequence)
-  plan.tail_sms = idle;
+  // Of each segment's chunks, and never more than the last (shortest) segment holds.
+  const int64_t per = (chunks + segments - 1) / segments, last = chunks - (segments - 1) * per;
+  const int64_t per_segment = std::min(static_cast<int64_t>(share * static_cast<double>(per)), last);
+  if (per_segment < 1) return;
+  plan.tail_per_segment = static_cast<int>(per_segment);
+  plan.tail_sms = static_cast<int>(idle);
   plan.tail_bytes = kTailCounterBytes + 2 * kTailSmBytes +
                     static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
 }
@@ -333,7 +364,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                    ? reinterpret_cast<int*>(after_records + kItemCounterBytes)
                    : nullptr;
   // The prep tail's hand-off; its ready flags are written by the tail's grid and read by the state grid.
-  const PrepTail tail = tail_hand_off(after_records, plan, num_chunk_slots(p.total_tokens, p.N));
+  auto* const tail_region = static_cast<uint8_t*>(workspace) + plan.tail_offset();
+  const PrepTail tail = tail_hand_off(tail_region, p, plan);
   if (p.total_tokens > 0) {
     const ActivationView q = activation_view(p.q, p.q_rows, p, p.K), k = activation_view(p.k, p.k_rows, p, p.K),
                          g = activation_view(p.g, p.g_rows, p, p.K);
@@ -342,11 +374,11 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.wgmma_records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    if (plan.tail_sms > 0) {  // the first chunks, then the tail's grid (zeroed hand-off first)
-      const cudaError_t err = cudaMemsetAsync(after_records, 0, plan.tail_bytes, stream);
+    if (plan.tail_sms > 0) {  // the chunks before the tail's, then the tail's grid (zeroed hand-off first)
+      const cudaError_t err = cudaMemsetAsync(tail_region, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));
-      launch_prep(prep, plan.tail_first_slot, stream);
       prep.tail = tail;
+      launch_prep(prep, tail.chunks.chunks - tail.chunks.count(), stream);
       launch_prep_tail(prep, kTailBlocksPerSm * plan.multiprocessors, stream);
     } else {
       launch_prep(prep, num_chunk_slots(p.total_tokens, p.N), stream);
@@ -380,7 +412,8 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   }
   const StateConfig config{plan.value_slices, plan.key_parts};
   state.ready = tail.ready;
-  state.ready_from = plan.tail_first_slot;
+  state.tail_done = tail.done;
+  state.tail_chunks = tail.chunks;
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

@@ -9,20 +9,21 @@
 #include "gpu/common/state_slots.cuh"
 #include "gpu/prefill/chunk_record.cuh"
 #include "gpu/prefill/sequences.cuh"
+#include "gpu/prefill/tail_chunks.h"
 
 namespace flashkda::gpu {
 
-// The prep tail (prefill_launch.cu, "Prep tail"): the last chunks' records written by a prep grid
-// on the multiprocessors the 8x1 state grid leaves idle, while the chains run. Zeroed (all of it)
-// before the prep launches.
+// The prep tail (prefill_launch.cu, "Prep tail"): the records of the TailChunks written by a prep
+// grid on the multiprocessors the state grid leaves idle, while the chains run. Zeroed (all of
+// it) before the prep launches.
 struct PrepTail {
-  int64_t first_slot = 0;  // the tail: slots [first_slot, num_slots)
-  int64_t num_slots = 0;
+  TailChunks chunks;                           // which (per_segment 0: no tail; the prep grid writes every chunk)
   unsigned long long* item_counter = nullptr;  // chunks taken
   unsigned* sm_count = nullptr;                // multiprocessors that took a tail block
   unsigned* sm_blocks = nullptr;               // [kMaxSmIds] tail blocks that landed on each
   uint32_t* sm_rank = nullptr;                 // [kMaxSmIds] 1 + its rank among them (0: not yet)
   uint32_t* ready = nullptr;                   // [num_slots, H] 1 once that record is written
+  unsigned* done = nullptr;                    // records written (after their ready flags)
   int sms = 0;                                 // multiprocessors the tail keeps
   int blocks_per_sm = 0;                       // tail blocks each of them keeps
 };
@@ -49,7 +50,8 @@ struct PrepParams {
   // kernel sharing the multiprocessors with the state pass would leave it).
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
-  PrepTail tail;                     // launch_prep_tail only
+  // The prep tail's chunks (the prep grid skips them) and, for launch_prep_tail, its hand-off.
+  PrepTail tail;
 };
 
 // The segment-parallel state pass (all buffers fp32, in the workspace; see state_kernel.cu): a
@@ -114,10 +116,13 @@ struct StateParams {
   // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
   CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
-  // With a prep tail (PrepTail; the 8x1 per-item pass only): the ready flags of the tail's
-  // records, slots from ready_from on; nullptr: every record was written before this grid.
+  // With a prep tail (PrepTail): the ready flags of the tail's records ([slots, H]), those of
+  // tail_chunks, which the 8x1 per-item pass waits on one by one; nullptr: every record was
+  // written before this grid. The wgmma split pass waits once a run instead, when it reaches its
+  // segment's tail, for tail_done to count all the tail's records (tail_chunks.count() H).
   const uint32_t* ready = nullptr;
-  int64_t ready_from = 0;
+  const unsigned* tail_done = nullptr;
+  TailChunks tail_chunks;
   // Launched programmatically right after the prep grid (launch_kernel, programmatic_launch.h):
   // the grid may start while the prep grid's last blocks run; what reads the records, the item
   // counter or the order waits for it first (griddepcontrol.wait, a no-op otherwise).
@@ -184,8 +189,8 @@ struct StateConfig {
 // state_persistent_kernel.cu.
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 // The prep tail's grid (PrepTail): `blocks` blocks (six a multiprocessor; the ones that do not
-// fit at first start where others left, and leave too); the 8x1 state pass with p.ready set goes
-// right after it (launch_state launches it programmatically).
+// fit at first start where others left, and leave too); the state pass with p.ready set goes
+// right after it (launch_state and launch_state_wgmma launch it programmatically).
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);

@@ -537,7 +537,11 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   // once every block has started: its blocks then take the multiprocessors the last ones leave.
   ptx::griddep_launch_dependents();
   const int h = blockIdx.x;
-  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  if (const TailChunks& tail = p.tail.chunks; tail.per_segment > 0) {  // the tail's chunks are skipped
+    if (slot >= tail.chunks - tail.count()) return;  // past the last (grid.z > 1)
+    slot = tail.head_chunk(static_cast<int>(slot));
+  }
   // The persistent state pass that follows in the stream counts its items from zero.
   if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
   if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
@@ -549,19 +553,19 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
 }
 
-// The prep tail (PrepTail in kernels.h): the records of slots [first_slot, num_slots) by a grid of
-// six blocks a multiprocessor, launched before the 8x1 state grid, whose blocks stay on the first
-// `sms` multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that
-// the state grid finds them empty. A staying block takes (slot, head) chunks from a counter in
-// the order the chains need them (heads fastest) and publishes each record by its ready flag; it
-// never waits on the state pass.
-template <bool kSoftplus>
+// The prep tail (PrepTail in kernels.h): the records of its TailChunks by a grid of six blocks a
+// multiprocessor, launched before the state grid, whose blocks stay on the first `sms`
+// multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that the
+// state grid finds them empty. A staying block takes (chunk, head) items from a counter in the
+// order the chains need them (TailChunks::tail_chunk, heads fastest) and publishes each record by
+// its ready flag; it never waits on the state pass. kWgmma: WgmmaRecords (the wgmma split pass).
+template <bool kSoftplus, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(const PrepParams p) {
   ptx::griddep_launch_dependents();  // the state grid after this one may start: every block is resident
   __shared__ __align__(128) PrepSmem sm;
   __shared__ int64_t next[2];  // the block's next item, by the parity of its turn
   const PrepTail& t = p.tail;
-  const ItemScheduler chunks{t.item_counter};  // counter-only: every chunk from it (blocks may leave)
+  const ItemScheduler items_taken{t.item_counter};  // counter-only: every item from it (blocks may leave)
   const int tid = threadIdx.x;
   if (tid == 0) {
     const uint32_t id = ptx::sm_id();
@@ -578,22 +582,22 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
       }
       stays = rank < static_cast<unsigned>(t.sms) && place < static_cast<unsigned>(t.blocks_per_sm);
     }
-    next[0] = stays ? chunks.take() : INT64_MAX;
+    next[0] = stays ? items_taken.take() : INT64_MAX;
   }
   __syncthreads();
   const int H = p.num_heads;
-  const int64_t items = (t.num_slots - t.first_slot) * H;
+  const int64_t items = int64_t{t.chunks.count()} * H;
   int64_t item = next[0];
   for (int turn = 1; item < items; ++turn) {
     // Taken now, used after the chunk: the counter's latency hides behind the work.
-    const int64_t after = tid == 0 ? chunks.take() : 0;
+    const int64_t after = tid == 0 ? items_taken.take() : 0;
     const int h = static_cast<int>(item % H);
-    const int64_t slot = t.first_slot + item / H;
+    const int64_t slot = t.chunks.tail_chunk(static_cast<int>(item / H));
     int64_t seq, t0;
     int count;
     locate_slot(p.seqs, slot, seq, t0, count);
     if (count > 0) {
-      prep_chunk<kSoftplus, false>(p, sm, slot, h, seq, t0, count);
+      prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
       ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
     }
     __syncthreads();  // every thread's record stores (and its reads of sm) are done
@@ -601,6 +605,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
       if (count > 0) {
         __threadfence();
         ptx::store_release_gpu(t.ready + slot * H + h, 1u);
+        atomicAdd(t.done, 1u);  // after the fence above: a reader that acquires the count sees the record
       }
       next[turn & 1] = after;
     }
@@ -635,7 +640,8 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
 }
 
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
-  const auto kernel = p.softplus_gate ? prep_tail_kernel<true> : prep_tail_kernel<false>;
+  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_tail_kernel<true, true> : prep_tail_kernel<false, true>)
+                                     : (p.softplus_gate ? prep_tail_kernel<true, false> : prep_tail_kernel<false, false>);
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, false, "prep tail kernel", p);
 }
 

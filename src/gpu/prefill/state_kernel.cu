@@ -26,13 +26,6 @@ namespace {
 
 using namespace state_pass;
 
-// With a prep tail (StateParams::ready): waits until a chunk's record is written; the proxy fence
-// orders the flag's acquire before the bulk copy's reads of the record.
-__device__ __forceinline__ void wait_ready(const uint32_t* flag) {
-  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
-  ptx::fence_proxy_async_global();
-}
-
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.
@@ -134,7 +127,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       // schedule as measured (with them ptxas reordered it).
       if (c - c_begin >= kStages) ring.wait_empty(at);
       if constexpr (kTail) {
-        if (slot0 + c >= p.ready_from) wait_ready(p.ready + (slot0 + c) * H + h);
+        wait_tail_record(p, slot0 + c, h);
       }
       fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
                  zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);

@@ -12,8 +12,16 @@
 // 188; a producer warpgroup with setmaxnreg still compiled the step at 168 (ptxas C7512). The
 // chunk step, on WgmmaRecord (chunk_record.cuh), is state_wgmma_step.cuh's; test_wgmma_step_gpu runs
 // it alone against fp64. Per item, or (kSplit) the segment-parallel pass's runs (StateSplit in
-// kernels.h, as state_kernel.cu's): a block a head and run, blockIdx.y the run. V-major states,
-// no checkpoints, no persistent form: other calls keep the mma.sync passes.
+// kernels.h, as state_kernel.cu's): a block a head and run, blockIdx.y the run. kTail: the split
+// pass beside a prep tail (PrepTail in kernels.h) on the multiprocessors its runs leave (P7,
+// P11: 12 of 132): launched right after the tail's grid; thread 0 waits once, before the first
+// copy of its segment's tail, for the whole tail to be written, and every thread waits for the
+// prep grids to finish before it exits. One wait a run, not one a record as the 8x1 pass's
+// producer warp does: here thread 0's refills sit on the chain's path (every thread is a
+// consumer), and a per-record test there (a division, then an acquire and a proxy fence a tail
+// record) made the pass 15% slower with every flag already set (ncu at P7, a9fce7c: 390.5 us
+// against 339.7). V-major states, no checkpoints, no persistent form: other
+// calls keep the mma.sync passes.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
@@ -37,8 +45,16 @@ constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
 static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
 
-template <bool kSplit>
+// kTail: every record of the prep tail written (PrepTail::done counts them after their flags).
+__device__ __forceinline__ void wait_tail_done(const StateParams& p) {
+  const unsigned total = static_cast<unsigned>(p.tail_chunks.count()) * static_cast<unsigned>(p.num_heads);
+  while (ptx::load_acquire_gpu(p.tail_done) < total) ptx::nanosleep(128);
+  ptx::fence_proxy_async_global();  // the acquire before the bulk copies' reads of the records
+}
+
+template <bool kSplit, bool kTail = false>
 __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
+  static_assert(!kTail || kSplit, "the prep tail runs beside the split pass here");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
   const int64_t n = blockIdx.x / H;
@@ -70,16 +86,24 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 
   // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
   const int64_t v_token0 = a_run ? p.seqs.total_tokens : bos;
+  // kTail: the fill of the first chunk of this segment's tail (the last per_segment chunks of
+  // every segment, N = 1), where thread 0 waits for the tail once.
+  const int tail_fill = kTail ? c_end - p.tail_chunks.per_segment - c_begin : -1;
   // Thread 0: the run's chunk c_begin + i into its stage (free: first lap, or waited for).
   auto fill = [&](int i) {
     const auto to = Ring::Cursor::of_fill(i);
     const int c = c_begin + i;
+    if constexpr (kTail) {
+      if (i == tail_fill) wait_tail_done(p);
+    }
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
                             &p.v_rows, h, a_run ? v_token0 : v_token0 + int64_t{c} * kChunk);
   };
   const int chunks = c_end - c_begin;
   if (threadIdx.x == 0) {
-    ptx::griddep_wait();  // after the prep grid (p.after_prep): its records are complete from here on
+    // After the prep grid (p.after_prep): its records are complete from here on. The tail's are
+    // waited for in fill instead.
+    if constexpr (!kTail) ptx::griddep_wait();
     for (int i = 0; i < chunks && i < kStages; ++i) fill(i);
   }
 
@@ -123,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   } else if (const int64_t f = p.slots.final_slot(n, start); p.final_state && f >= 0) {
     store_state<StateOrder::kC>(acc, p.final_state, p.final_state_f32, (f * H + h) * static_cast<int64_t>(kHeadDim) + vbase, 0, lane);
   }
+  if constexpr (kTail) ptx::griddep_wait();  // the work after the call finds the prep grids done
 }
 
 }  // namespace
@@ -130,16 +155,18 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream) {
   if (p.checkpoints.count > 0 || p.k_major || p.item_counter)
     fail(ErrorCode::kInternal, "wgmma state kernel: V-major, no checkpoints, not persistent only");
-  const bool split = p.split.segments > 0;
-  const auto kernel = split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
-  static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
-  raised[split].run("wgmma state kernel: setting its shared memory size", [&] {
+  const bool split = p.split.segments > 0, tail = p.ready != nullptr;
+  if (tail && !split) fail(ErrorCode::kInternal, "wgmma state kernel: a prep tail beside the split pass only");
+  const auto kernel = tail ? state_wgmma_kernel<true, true> : split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
+  static PerDeviceOnce raised[3];  // the shared-memory limit, raised once per device the caller uses
+  raised[split + tail].run("wgmma state kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks), split ? 2 * p.split.segments - 1 : 1);
-  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, p.after_prep, "wgmma state kernel", p);
+  // Beside a prep tail: programmatically after the tail's grid (each tail block lets it at its start).
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, tail || p.after_prep, "wgmma state kernel", p);
 }
 
 }  // namespace flashkda::gpu
