@@ -450,9 +450,9 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
 
 // The same on the wgmma split pass (one sequence cut in segments, runs a block a head and run):
 // the tail writes the last chunks of every segment on the multiprocessors the runs leave, each
-// run waits for the whole tail before its segment's first tail chunk. Bit for bit the prep kernel alone's outputs, at the launcher's
-// share (the cap of 0.5 here: 7 runs of 4 heads leave ~100 multiprocessors) and at a small
-// forced one, both gates, then against the oracle.
+// run waits for the whole tail before its segment's first tail chunk. Bit for bit the prep
+// kernel alone's outputs, at the launcher's share (the cap of 0.5 here: 7 runs of 4 heads leave
+// ~100 multiprocessors) and at a small forced one, both gates, then against the oracle.
 TEST_F(GpuPrefill, SplitPrepTailMatchesOnePrepGridBitForBit) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "4", 1);
@@ -497,7 +497,7 @@ TEST_F(GpuPrefill, SmallPrepTail) {
 
 // A plain call, the persistent pass (started programmatically after the prep grid, which zeroes
 // its item counter) and calls with a prep tail (one sequence, 8x1 and the split pass: a second
-// prep grid beside the state grid, which starts programmatically and waits on ready flags), each
+// prep grid beside the state grid, which starts programmatically and waits for its records), each
 // on a non-default stream and captured into a CUDA graph, replayed twice (the graph zeroes the
 // hand-offs again).
 TEST_F(GpuPrefill, NonDefaultStreamAndGraphCapture) {

@@ -167,7 +167,7 @@ constexpr size_t kTailSmBytes = kMaxSmIds * sizeof(unsigned);
 // blocks that do not fit at first start on the multiprocessors the others left, and leave too.
 constexpr int kTailBlocksPerSm = 6;
 
-// The prep tail's chunks (TailChunks in prefill/kernels.h; one sequence) as the plan cut them.
+// The prep tail's chunks (TailChunks in prefill/tail_chunks.h; one sequence) as the plan cut them.
 TailChunks tail_chunks(const Problem& p, const PrefillPlan& plan) {
   if (plan.tail_sms == 0) return {};
   const int chunks = static_cast<int>((p.total_tokens + kChunk - 1) / kChunk);  // < 2^27 (check_limits)
@@ -208,16 +208,16 @@ bool orders_sequences(const Problem& p) {
 // multiprocessors while the chains run: the last chunks of the sequence, or of each segment
 // (TailChunks). It is launched before the state grid, its blocks stay on the idle number of
 // multiprocessors and leave the others at once, and the state grid, launched after it
-// programmatically, starts on the empty ones and waits on a ready flag for each tail record.
-// Neither grid waits on one that can be kept from running: the tail's blocks never wait on the
-// state pass, and where the runtime does not overlap them (profilers, sanitizers) the state grid
-// finds every flag set. The tail's share keeps it ahead of the chains: on I idle multiprocessors
-// it writes one chunk of each of the S segments of all H heads in ~r S H / I us (r: the prep
-// kernel's time a record on a multiprocessor at six blocks) against a chain step of ~t us. The
-// 8x1 pass (S = 1) waits a record at a time, so up to (t / r) I / H of the chunks: r ~1.41 us
-// (P1's 49152 records in ~524 us on 132), t ~1.31, so 0.93 I / H; 0.84 I / H leaves a 10% margin
-// (P1: 31%).
-// The softplus gate's prep is ~1.22x slower (P1: 0.670 against 0.549 ms, ncu), so its share is
+// programmatically, starts on the empty ones and waits for the tail's records (the 8x1 pass a
+// ready flag each, the split pass once a run for all). Neither grid waits on one that can be
+// kept from running: the tail's blocks never wait on the state pass, and where the runtime does
+// not overlap them (profilers, sanitizers) the state grid finds every record written. The tail's
+// share keeps it ahead of the chains: on I idle multiprocessors it writes one chunk of each of
+// the S segments of all H heads in ~r S H / I us (r: the prep kernel's time a record on a
+// multiprocessor at six blocks) against a chain step of ~t us. The 8x1 pass (S = 1) waits a
+// record at a time, so up to (t / r) I / H of the chunks: r ~1.41 us (P1's 49152 records in
+// ~524 us on 132), t ~1.31, so 0.93 I / H; 0.84 I / H leaves a 10% margin (P1: 31%). The
+// softplus gate's prep is ~1.22x slower (P1: 0.670 against 0.549 ms, ncu), so its share is
 // smaller: 0.67 I / H. Measured on the H200 at 5253f3c with the share forced (two runs each): P1
 // 1.055 at 0.315 (the default), 1.073 at 0.28, 1.053 at 0.34, 1.089 at 0.37; P1-softplus 1.287 at
 // 0.315, 1.222 at 0.28, 1.336 at 0.34, 1.391 at 0.37; at 9fc21db and 4830f2c (machines of two

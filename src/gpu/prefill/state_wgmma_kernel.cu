@@ -20,8 +20,8 @@
 // producer warp does: here thread 0's refills sit on the chain's path (every thread is a
 // consumer), and a per-record test there (a division, then an acquire and a proxy fence a tail
 // record) made the pass 15% slower with every flag already set (ncu at P7, a9fce7c: 390.5 us
-// against 339.7). V-major states, no checkpoints, no persistent form: other
-// calls keep the mma.sync passes.
+// against 339.7). V-major states, no checkpoints, no persistent form: other calls keep the
+// mma.sync passes.
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
