@@ -5,6 +5,7 @@
 #   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
+#   PROFILE_DRAM=1  the profile step also reads each kernel's device-memory bytes (read, written)
 #   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
 #                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
@@ -147,7 +148,9 @@ for step in $steps; do
       ;;
     profile)  # per-kernel durations (ncu, clocks not locked), three calls per case
       for c in ${PROFILE_CASES:-P1 P3 P7 P8 P9}; do
-        run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+        metrics=gpu__time_duration.sum
+        [ -n "${PROFILE_DRAM:-}" ] && metrics+=,dram__bytes_read.sum,dram__bytes_write.sum
+        run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics "$metrics" \
           -k regex:"(prep|state|stitch)_([a-z]+_)?kernel" --log-file "$OUT/ncu-$c.csv" \
           "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"

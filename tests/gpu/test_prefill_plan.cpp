@@ -131,6 +131,13 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
       EXPECT_EQ(p.tail_per_segment, 0);
     }
   }
+  // The softplus gate's prep is slower: a smaller tail (P7: about 11% of each segment, against 13.5%).
+  Problem softplus = shapes({32768}, 8);
+  softplus.gate = Gate::kSoftplus;
+  const PrefillPlan sp = gpu::plan_prefill(softplus, kH200Multiprocessors);
+  EXPECT_EQ(sp.tail_sms, 12);
+  EXPECT_GT(sp.tail_per_segment, 256 / 10);
+  EXPECT_LT(sp.tail_per_segment, plan({32768}, 8).tail_per_segment);
   // Shorter: fewer segments of at least 3840 tokens; under three, no split (the stitch costs more).
   EXPECT_EQ(plan({16384}, 4).split_segments, 4);
   EXPECT_NE(plan({8192}, 4).pass, Pass::kSplit);
