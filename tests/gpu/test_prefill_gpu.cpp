@@ -421,23 +421,21 @@ TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   unsetenv("FLASHKDA_PREP_BLOCKS_PER_SM");
 }
 
-// The prep tail (one sequence on the 8x1 layout: the last chunks' records by a second prep grid
-// while the chains run, handed over by ready flags) gives the records, and so every output, of
-// the prep kernel alone (FLASHKDA_PREP_TAIL=0): bit for bit, at the launcher's share and at a
-// forced one, both gates, then against the oracle.
-TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
-  setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+// A call of one sequence of `tokens` on `heads` heads, both gates: its outputs with the launcher's
+// prep tail and with `forced_share`, two runs each, bit for bit those of the prep kernel alone
+// (FLASHKDA_PREP_TAIL=0), then against the oracle. The tail only moves where records are written.
+void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share) {
   for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
     SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
-    ProblemSpec spec = packed({3000}, 6, 33);
+    ProblemSpec spec = packed({tokens}, heads, seed);
     spec.gate = gate;
     RandomProblem host(spec);
-    if (gate == Gate::kSoftplus) kimi_softplus(host, 34);
+    if (gate == Gate::kSoftplus) kimi_softplus(host, seed + 1);
     DeviceProblem dev(host);
     setenv("FLASHKDA_PREP_TAIL", "0", 1);
     const DeviceProblem::Outputs base = dev.run_fresh();
     unsetenv("FLASHKDA_PREP_TAIL");
-    for (const char* share : {"", "0.2"}) {
+    for (const char* share : {"", forced_share}) {
       if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
       for (int run = 0; run < 2; ++run)
         expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
@@ -445,35 +443,25 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
     }
     expect_matches_oracle(host);
   }
+}
+
+// The prep tail (one sequence on the 8x1 layout: the last chunks' records by a second prep grid
+// while the chains run, handed over by ready flags) gives the records, and so every output, of
+// the prep kernel alone: bit for bit, at the launcher's share and at a forced one.
+TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
+  setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+  expect_prep_tail_bit_for_bit(3000, 6, 33, "0.2");
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 
 // The same on the wgmma split pass (one sequence cut in segments, runs a block a head and run):
 // the tail writes the last chunks of every segment on the multiprocessors the runs leave, each
-// run waits for the whole tail before its segment's first tail chunk. Bit for bit the prep
-// kernel alone's outputs, at the launcher's share (the cap of 0.5 here: 7 runs of 4 heads leave
-// ~100 multiprocessors) and at a small forced one, both gates, then against the oracle.
+// run waits for the whole tail before its segment's first tail chunk. At the launcher's share
+// (the cap of 0.5 here: 7 runs of 4 heads leave ~100 multiprocessors) and a small forced one.
 TEST_F(GpuPrefill, SplitPrepTailMatchesOnePrepGridBitForBit) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "4", 1);
-  for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
-    SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
-    ProblemSpec spec = packed({3000}, 4, 36);
-    spec.gate = gate;
-    RandomProblem host(spec);
-    if (gate == Gate::kSoftplus) kimi_softplus(host, 37);
-    DeviceProblem dev(host);
-    setenv("FLASHKDA_PREP_TAIL", "0", 1);
-    const DeviceProblem::Outputs base = dev.run_fresh();
-    unsetenv("FLASHKDA_PREP_TAIL");
-    for (const char* share : {"", "0.1"}) {
-      if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
-      for (int run = 0; run < 2; ++run)
-        expect_same_outputs(dev, base, "share '" + std::string(share) + "', run " + std::to_string(run));
-      unsetenv("FLASHKDA_PREP_TAIL_SHARE");
-    }
-    expect_matches_oracle(host);
-  }
+  expect_prep_tail_bit_for_bit(3000, 4, 36, "0.1");
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");
   unsetenv("FLASHKDA_SPLIT");
 }
