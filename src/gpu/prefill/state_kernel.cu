@@ -26,6 +26,15 @@ namespace {
 
 using namespace state_pass;
 
+// kTail (StateParams::ready): waits until the record of (slot, head h) is written where the tail
+// writes it; the proxy fence orders the flag's acquire before the bulk copy's reads of the record.
+__device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t slot, int h) {
+  if (!p.tail_chunks.holds(static_cast<int>(slot))) return;  // one sequence: slot = chunk (< 2^27)
+  const uint32_t* flag = p.ready + slot * p.num_heads + h;
+  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
+  ptx::fence_proxy_async_global();
+}
+
 // Block = VW value slices x KS key parts (one warp each) of one (sequence, head), plus one
 // producer warp that keeps kStages chunks in flight: each step waits on its stage, so the copy
 // latency must hide behind kStages - 1 steps, and no computing warp ever waits to refill.

@@ -12,11 +12,10 @@
 #include "common/bf16.h"
 #include "gpu/common/state_slots.cuh"  // CheckpointTable
 #include "gpu/prefill/chunk_record.cuh"
-#include "gpu/prefill/kernels.h"  // kVRowStride, StateParams
+#include "gpu/prefill/kernels.h"  // kVRowStride
 #include "gpu/prefill/stage_ring.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/grid_sync.cuh"
 #include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/mma.cuh"
 
@@ -153,16 +152,6 @@ __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, cons
   t.at(n, tokens, [&](int64_t entry) {
     store_state<O, kKMajor, false>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
   });
-}
-
-// With a prep tail (StateParams::ready): waits until the record of (slot, head h) is written
-// where the tail writes it; the proxy fence orders the flag's acquire before the bulk copy's
-// reads of the record.
-__device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t slot, int h) {
-  if (!p.tail_chunks.holds(static_cast<int>(slot))) return;  // one sequence: slot = chunk (< 2^27)
-  const uint32_t* flag = p.ready + slot * p.num_heads + h;
-  while (ptx::load_acquire_gpu(flag) == 0) ptx::nanosleep(64);
-  ptx::fence_proxy_async_global();
 }
 
 // Named barrier over the `threads` threads of one value slice (ids 1.. ; 0 is __syncthreads).
