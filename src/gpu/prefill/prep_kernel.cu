@@ -66,10 +66,13 @@ constexpr int kSmallStride = kChunk + 4;   // fp32 [16][20] matrices (L, M, W): 
                                            // W and M (row g, column t) fall in 32 distinct banks
 
 // Shared memory. The loaded bf16 rows and the fp32 tiles live in one buffer, in turn (a
-// __syncthreads separates the last read of one from the first write of the other).
+// __syncthreads separates the last read of one from the first write of the other). The rows are
+// stored as token pairs, channel-major within a pair: thread c then reads its channel of two
+// tokens in one 4-byte load, a warp 128 contiguous bytes (one shared-memory wavefront; the 2-byte
+// reads of a [token][channel] image took one for 64 bytes: 48 reads a thread, 24 now).
 struct PrepSmem {
   union {
-    uint16_t in[3][kChunk][kHeadDim];    // q, k, g rows as loaded (bf16)
+    uint32_t in[3][kChunk / 2][kHeadDim];  // q, k, g as loaded, bf16 token pairs (2p low, 2p + 1 high)
     float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
   float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
@@ -79,6 +82,16 @@ struct PrepSmem {
   alignas(16) float M[kChunk][kSmallStride];
   alignas(16) float W[kChunk][kSmallStride];
 };
+
+// Channel c of the 16 rows of input m (0: q, 1: k, 2: g) from sm.in, widened to fp32.
+__device__ __forceinline__ void channel_rows(const PrepSmem& sm, int m, int c, float (&v)[kChunk]) {
+#pragma unroll
+  for (int pair = 0; pair < kChunk / 2; ++pair) {
+    const float2 x = ptx::unpack_bf16x2(sm.in[m][pair][c]);
+    v[2 * pair] = x.x;
+    v[2 * pair + 1] = x.y;
+  }
+}
 
 // A fragment of a 16-row fp32 matrix in shared memory for m16n8k8 tf32 (k-slot t = column
 // 2t, slot t + 4 = column 2t + 1 of the 8-column k-tile starting at col0; see mma.cuh).
@@ -191,36 +204,49 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
   // The rows are read through their strides; a chunk never leaves its batch row (the sequence's
   // own row in the [B, T] form, the one row of a packed batch).
   {
-    // Thread c loads 16-byte segment c % 16 of rows c / 16 and c / 16 + 8 of q, k and g. The
-    // addresses are 64-bit products of the strides: formed once, and once for all three views
-    // when their strides agree (dense inputs), not per load.
+    // Thread c loads 16-byte segment c % 16 of rows 2 (c / 16) and 2 (c / 16) + 1 of q, k and g
+    // (token pair c / 16). The addresses are 64-bit products of the strides: formed once, and
+    // once for all three views when their strides agree (dense inputs), not per load.
     const int64_t batch_row = p.seqs.cu_seqlens ? 0 : seq;
-    const int row0 = c >> 4, seg = c & 15;
+    const int pair = c >> 4, row0 = 2 * pair, seg = c & 15;
     const ActivationView* views[3] = {&p.q, &p.k, &p.g};
     const uint16_t* src[3];  // segment `seg` of row row0
-    int64_t step[3];         // elements to row row0 + 8
+    int64_t step[3];         // elements to row row0 + 1
     if (p.same_row_strides) {
       const int64_t off = p.q.offset_in_batch(batch_row, t0, h) + row0 * p.q.token + seg * 8;
 #pragma unroll
-      for (int m = 0; m < 3; ++m) src[m] = views[m]->data + off, step[m] = 8 * p.q.token;
+      for (int m = 0; m < 3; ++m) src[m] = views[m]->data + off, step[m] = p.q.token;
     } else {
 #pragma unroll
       for (int m = 0; m < 3; ++m)
-        src[m] = views[m]->row_in_batch(batch_row, t0, h) + row0 * views[m]->token + seg * 8, step[m] = 8 * views[m]->token;
+        src[m] = views[m]->row_in_batch(batch_row, t0, h) + row0 * views[m]->token + seg * 8, step[m] = views[m]->token;
     }
     uint4 x[3][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int m = 0; m < 3; ++m)
-        x[m][r] = row0 + 8 * r < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + r * step[m])) : make_uint4(0, 0, 0, 0);
+        x[m][r] = row0 + r < count ? __ldg(reinterpret_cast<const uint4*>(src[m] + r * step[m])) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int m = 0; m < 3; ++m) {
+      // Channel j of the two rows as one word (row0 low, row0 + 1 high): channels 0..3 of the
+      // segment in one 16-byte store, 4..7 in the other. The lanes of segments 4..7 store their
+      // halves in the other order, so that the 8 lanes of each quarter-warp cover all 32 banks.
+      const uint32_t a[4] = {x[m][0].x, x[m][0].y, x[m][0].z, x[m][0].w};
+      const uint32_t b[4] = {x[m][1].x, x[m][1].y, x[m][1].z, x[m][1].w};
+      uint32_t w[8];
 #pragma unroll
-      for (int m = 0; m < 3; ++m) *reinterpret_cast<uint4*>(&sm.in[m][row0 + 8 * r][seg * 8]) = x[m][r];
-    // L2 norms of the q and k rows: thread c holds 8 channels of rows c / 16 and c / 16 + 8, and
-    // the 16 threads of a row (16 consecutive lanes) add up their squares.
-    float ss[2][2];  // [q, k][row c / 16 + 8 r]
+      for (int i = 0; i < 4; ++i) w[2 * i] = __byte_perm(a[i], b[i], 0x5410), w[2 * i + 1] = __byte_perm(a[i], b[i], 0x7632);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int half = ((seg >> 2) ^ i) & 1;
+        *reinterpret_cast<uint4*>(&sm.in[m][pair][seg * 8 + 4 * half]) =
+            half ? make_uint4(w[4], w[5], w[6], w[7]) : make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    // L2 norms of the q and k rows: thread c holds 8 channels of rows row0 and row0 + 1, and
+    // the 16 threads of a row pair (16 consecutive lanes) add up their squares.
+    float ss[2][2];  // [q, k][row row0 + r]
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -239,7 +265,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     if ((c & 15) == 0)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = (c >> 4) + 8 * r;
+        const int row = row0 + r;
         sm.rnorm[row] = p.scale * rsqrtf(ss[0][r] + 1e-6f);
         sm.rnorm[kChunk + row] = rsqrtf(ss[1][r] + 1e-6f);
       }
@@ -263,13 +289,14 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
       const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
       const float lb_log2e = ptx::kLog2e * p.lower_bound;
-      float run = 0.0f;
+      float run = 0.0f, gx[kChunk];
+      channel_rows(sm, 0, c, q);
+      channel_rows(sm, 1, c, k);
+      channel_rows(sm, 2, c, gx);
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
-        q[t] = bf16_to_float(sm.in[0][t][c]);
-        k[t] = bf16_to_float(sm.in[1][t][c]);
         // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0
-        const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (bf16_to_float(sm.in[2][t][c]) + bias));  // e^-x
+        const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (gx[t] + bias));  // e^-x
         const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
         G2[t] = (run += a2);  // cumulative log-decay G_t, base 2
       }
@@ -319,11 +346,13 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     {
       const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
       const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+      float gx[kChunk];
+      channel_rows(sm, 0, c, q);
+      channel_rows(sm, 1, c, k);
+      channel_rows(sm, 2, c, gx);
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
-        q[t] = bf16_to_float(sm.in[0][t][c]);
-        k[t] = bf16_to_float(sm.in[1][t][c]);
-        const float a2 = softplus_log2_decay(bf16_to_float(sm.in[2][t][c]) + bias, neg_expA_log2e);
+        const float a2 = softplus_log2_decay(gx[t] + bias, neg_expA_log2e);
         d[t] = t < count ? ptx::exp2_ftz(a2) : 1.0f;
       }
     }
