@@ -87,15 +87,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
   const int64_t v_token0 = a_run ? p.seqs.total_tokens : bos;
   // kTail: the fill of the first chunk of this segment's tail (the last per_segment chunks of
-  // every segment, N = 1), where thread 0 waits for the tail once.
+  // every segment, N = 1), before which thread 0 waits for the tail once.
   const int tail_fill = kTail ? c_end - p.tail_chunks.per_segment - c_begin : -1;
   // Thread 0: the run's chunk c_begin + i into its stage (free: first lap, or waited for).
   auto fill = [&](int i) {
     const auto to = Ring::Cursor::of_fill(i);
     const int c = c_begin + i;
-    if constexpr (kTail) {
-      if (i == tail_fill) wait_tail_done(p);
-    }
     fill_stage<WgmmaRecord>(smem + to.stage * kWgmmaStageBytes, ring.full_barrier(to), records + int64_t{c} * record_stride,
                             &p.v_rows, h, a_run ? v_token0 : v_token0 + int64_t{c} * kChunk);
   };
@@ -104,7 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
     // After the prep grid (p.after_prep): its records are complete from here on. The tail's are
     // waited for in fill instead.
     if constexpr (!kTail) ptx::griddep_wait();
-    for (int i = 0; i < chunks && i < kStages; ++i) fill(i);
+    for (int i = 0; i < chunks && i < kStages; ++i) {
+      if (kTail && i == tail_fill) wait_tail_done(p);
+      fill(i);
+    }
   }
 
   const int vbase = 64 * (warp / 4) + 16 * (warp % 4);
@@ -121,22 +121,33 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   auto run_chunks = [&](auto* out) {
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
     typename Ring::Cursor at;
-    for (int i = 0; i < chunks; ++i) {
-      const int c = c_begin + i;
-      ring.wait_full(at);
-      const int64_t left = eos - bos - int64_t{c} * kChunk;
-      wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
-                       static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
-      ring.release(at);  // this thread's reads of the stage are done
-      // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
-      // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
-      // step (1.23 us a chunk at P1 against 0.99 for the step alone).
-      if (const int done = i - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < chunks) {
-        ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
-        fill(done + kStages);
+    auto steps = [&](int i, int end) {
+      for (; i < end; ++i) {
+        const int c = c_begin + i;
+        ring.wait_full(at);
+        const int64_t left = eos - bos - int64_t{c} * kChunk;
+        wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
+                         static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
+        ring.release(at);  // this thread's reads of the stage are done
+        // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
+        // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
+        // step (1.23 us a chunk at P1 against 0.99 for the step alone).
+        if (const int done = i - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < chunks) {
+          ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
+          fill(done + kStages);
+        }
+        at.advance();
       }
-      at.advance();
+    };
+    // kTail: the steps up to the one that refills chunk tail_fill, thread 0's wait, the rest. A
+    // test in every refill instead made the step loop 13 instructions longer, and the kernel 8 us
+    // slower than the split kernel without a tail (ncu at P7, every flag set).
+    const int wait_step = kTail && tail_fill >= kStages ? tail_fill - kStages + kRefillLag : 0;
+    if (wait_step > 0) {
+      steps(0, wait_step);
+      if (threadIdx.x == 0) wait_tail_done(p);
     }
+    steps(wait_step, chunks);
   };
   if (!kSplit || run == 0) run_chunks(p.out);
   else run_chunks(p.split.run_out(run));
