@@ -620,20 +620,29 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
   for (int turn = 1; item < items; ++turn) {
     // Taken now, used after the chunk: the counter's latency hides behind the work.
     const int64_t after = tid == 0 ? items_taken.take() : 0;
-    const int h = static_cast<int>(item % H);
-    const int64_t slot = t.chunks.tail_chunk(static_cast<int>(item / H));
-    int64_t seq, t0;
-    int count;
-    locate_slot(p.seqs, slot, seq, t0, count);
-    if (count > 0) {
-      prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
-      ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
+    bool wrote;
+    {
+      const int h = static_cast<int>(item % H);
+      const int64_t slot = t.chunks.tail_chunk(static_cast<int>(item / H));
+      int64_t seq, t0;
+      int count;
+      locate_slot(p.seqs, slot, seq, t0, count);
+      wrote = count > 0;
+      if (wrote) {
+        prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
+        ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
+      }
     }
     __syncthreads();  // every thread's record stores (and its reads of sm) are done
     if (tid == 0) {
-      if (count > 0) {
+      if (wrote) {
+        // The item again from shared memory (next[] holds it for the whole turn), so that its
+        // slot and head take no registers across the chunk (ptxas: the softplus forms' spills
+        // 32 and 20 bytes with them kept, 24 and 0 now).
+        const int64_t current = next[(turn - 1) & 1];
+        const int64_t record = t.chunks.tail_chunk(static_cast<int>(current / H)) * H + current % H;
         __threadfence();
-        ptx::store_release_gpu(t.ready + slot * H + h, 1u);
+        ptx::store_release_gpu(t.ready + record, 1u);
         atomicAdd(t.done, 1u);  // after the fence above: a reader that acquires the count sees the record
       }
       next[turn & 1] = after;
