@@ -230,7 +230,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       // Channel j of the two rows as one word (row0 low, row0 + 1 high): channels 0..3 of the
-      // segment in one 16-byte store, 4..7 in the other. The lanes of segments 4..7 store their
+      // segment in one 16-byte store, 4..7 in the other. Lanes whose seg / 4 is odd store their
       // halves in the other order, so that the 8 lanes of each quarter-warp cover all 32 banks.
       const uint32_t a[4] = {x[m][0].x, x[m][0].y, x[m][0].z, x[m][0].w};
       const uint32_t b[4] = {x[m][1].x, x[m][1].y, x[m][1].z, x[m][1].w};

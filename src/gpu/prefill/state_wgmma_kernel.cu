@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
   const int chunks = c_end - c_begin;
   if (threadIdx.x == 0) {
     // After the prep grid (p.after_prep): its records are complete from here on. The tail's are
-    // waited for in fill instead.
+    // waited for before the fill of the segment's first tail chunk instead.
     if constexpr (!kTail) ptx::griddep_wait();
     for (int i = 0; i < chunks && i < kStages; ++i) {
       if (kTail && i == tail_fill) wait_tail_done(p);
