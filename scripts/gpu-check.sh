@@ -15,7 +15,10 @@
 #                DRAM bytes, to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_STATE_PDL=0 FLASHKDA_SPLIT=0,FLASHKDA_PERSISTENT=1"
-#                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved),
+#                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved;
+#                a `bin:DIR` setting runs DIR/flashkda instead: two builds in one call, e.g.
+#                AB_VARIANTS="bin:build-gpu-prebuilt/base default" with the build before a change
+#                staged by `scripts/stage-prebuilt.sh build build-gpu-prebuilt BASE_CLI`),
 #                a table of medians in the summary and every run's in ab.json (scripts/ab_table.py);
 #                AB_NAME=x: ab-x.json. Two groups in one device call: the second with KEEP_SUMMARY=1
 #   python step: builds the package from source on this machine, as users do (`pip install .`,
@@ -130,7 +133,11 @@ for step in $steps; do
           v=${variants[$i]}
           settings=()
           [ "$v" != default ] && IFS=, read -r -a settings <<<"$v"
-          run_step "ab $v (run $run)" "$summary" "${BENCH_LIMIT:-400}" env "${settings[@]}" "$CLI_BIN" bench \
+          cli=$CLI_BIN
+          for j in "${!settings[@]}"; do  # bin:DIR runs DIR/flashkda (another build) instead
+            case ${settings[$j]} in bin:*) cli=${settings[$j]#bin:}/flashkda; unset "settings[$j]" ;; esac
+          done
+          run_step "ab $v (run $run)" "$summary" "${BENCH_LIMIT:-400}" env "${settings[@]}" "$cli" bench \
             --case "${AB_CASES:-P1,P3,P9}" --oracle-heads 0 --json "$OUT/ab-$i-$run.json"
           ab_files+=("$v=$OUT/ab-$i-$run.json")
         done

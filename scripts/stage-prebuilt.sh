@@ -4,7 +4,10 @@
 # the GPU test binaries, the flashkda CLI and the probes. Building on the GPU machine instead
 # costs its device time.
 #
-#   scripts/stage-prebuilt.sh [build dir, build] [destination, build-gpu-prebuilt]
+#   scripts/stage-prebuilt.sh [build dir, build] [destination, build-gpu-prebuilt] [baseline CLI]
+#
+# A baseline CLI (a flashkda binary of another commit) goes to destination/base/flashkda, for
+# gpu-check.sh's ab step to time both builds in one call (AB_VARIANTS="bin:DEST/base default").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -13,5 +16,10 @@ rm -rf "$dest"
 mkdir -p "$dest"
 cp "$build"/tests/gpu/test_*_gpu "$build"/tools/flashkda/flashkda "$dest"/
 [ -x "$build/tools/probes/record_ring_probe" ] && cp "$build/tools/probes/record_ring_probe" "$dest"/
+if [ -n "${3:-}" ]; then
+  mkdir -p "$dest/base"
+  cp "$3" "$dest/base/flashkda"
+  "$dest/base/flashkda" --version
+fi
 "$dest/flashkda" --version
 ls "$dest"
