@@ -83,6 +83,24 @@ struct PrepSmem {
   alignas(16) float W[kChunk][kSmallStride];
 };
 
+// Which half of its segment (channels 0..3 or 4..7) thread c's i-th 16-byte store of phase 1
+// writes: swapped where seg / 4 is odd, so that the 8 lanes of each quarter-warp write 8
+// different 4-bank groups of an sm.in plane (word pair * 128 + seg * 8 + 4 * half): no conflict.
+__host__ __device__ constexpr int pair_store_half(int seg, int i) { return ((seg >> 2) ^ i) & 1; }
+constexpr bool pair_stores_conflict_free() {
+  for (int i = 0; i < 2; ++i)
+    for (int lane0 = 0; lane0 < kThreads; lane0 += 8) {
+      unsigned groups = 0;
+      for (int c = lane0; c < lane0 + 8; ++c) {
+        const int word = (c >> 4) * kHeadDim + (c & 15) * 8 + 4 * pair_store_half(c & 15, i);
+        groups |= 1u << (word / 4 % 8);
+      }
+      if (groups != 0xffu) return false;
+    }
+  return true;
+}
+static_assert(pair_stores_conflict_free(), "each quarter-warp's 16-byte stores cover the 32 banks once");
+
 // Channel c of the 16 rows of input m (0: q, 1: k, 2: g) from sm.in, widened to fp32.
 __device__ __forceinline__ void channel_rows(const PrepSmem& sm, int m, int c, float (&v)[kChunk]) {
 #pragma unroll
@@ -230,8 +248,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       // Channel j of the two rows as one word (row0 low, row0 + 1 high): channels 0..3 of the
-      // segment in one 16-byte store, 4..7 in the other. Lanes whose seg / 4 is odd store their
-      // halves in the other order, so that the 8 lanes of each quarter-warp cover all 32 banks.
+      // segment in one 16-byte store, 4..7 in the other, in the order pair_store_half gives.
       const uint32_t a[4] = {x[m][0].x, x[m][0].y, x[m][0].z, x[m][0].w};
       const uint32_t b[4] = {x[m][1].x, x[m][1].y, x[m][1].z, x[m][1].w};
       uint32_t w[8];
@@ -239,7 +256,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       for (int i = 0; i < 4; ++i) w[2 * i] = __byte_perm(a[i], b[i], 0x5410), w[2 * i + 1] = __byte_perm(a[i], b[i], 0x7632);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int half = ((seg >> 2) ^ i) & 1;
+        const int half = pair_store_half(seg, i);
         *reinterpret_cast<uint4*>(&sm.in[m][pair][seg * 8 + 4 * half]) =
             half ? make_uint4(w[4], w[5], w[6], w[7]) : make_uint4(w[0], w[1], w[2], w[3]);
       }

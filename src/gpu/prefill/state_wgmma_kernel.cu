@@ -45,6 +45,14 @@ constexpr int kThreads = kConsumers;
 constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
 static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
 
+// kTail: the step whose refill is chunk `tail_fill` (step i refills chunk i - kRefillLag +
+// kStages), before which thread 0 waits for the tail; 0 where that chunk is among the first
+// fills, which wait themselves.
+constexpr int tail_wait_step(int tail_fill) { return tail_fill >= kStages ? tail_fill - kStages + kRefillLag : 0; }
+static_assert(tail_wait_step(kStages - 1) == 0 && tail_wait_step(kStages) - kRefillLag + kStages == kStages &&
+                  tail_wait_step(40) - kRefillLag + kStages == 40 && tail_wait_step(kStages) > 0,
+              "the wait comes before the refill of chunk tail_fill, and after step 0");
+
 // kTail: every record of the prep tail written (PrepTail::done counts them after their flags).
 __device__ __forceinline__ void wait_tail_done(const StateParams& p) {
   const unsigned total = static_cast<unsigned>(p.tail_chunks.count()) * static_cast<unsigned>(p.num_heads);
@@ -142,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_c
     // kTail: the steps up to the one that refills chunk tail_fill, thread 0's wait, the rest. A
     // test in every refill instead made the step loop 13 instructions longer, and the kernel 8 us
     // slower than the split kernel without a tail (ncu at P7, every flag set).
-    const int wait_step = kTail && tail_fill >= kStages ? tail_fill - kStages + kRefillLag : 0;
+    const int wait_step = kTail ? tail_wait_step(tail_fill) : 0;
     if (wait_step > 0) {
       steps(0, wait_step);
       if (threadIdx.x == 0) wait_tail_done(p);
