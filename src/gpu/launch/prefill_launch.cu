@@ -374,6 +374,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.wgmma_records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
+    prep.fragment_form = forced_switch("FLASHKDA_PREP_FRAGMENTS") == 1;  // experimental (prep_kernel.cu)
     if (plan.tail_sms > 0) {  // the chunks before the tail's, then the tail's grid (zeroed hand-off first)
       const cudaError_t err = cudaMemsetAsync(tail_region, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));

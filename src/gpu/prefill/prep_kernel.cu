@@ -669,6 +669,341 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
   }
 }
 
+
+// ---- The fragment form (experimental: FLASHKDA_PREP_FRAGMENTS=1, the safe gate, the prep grid
+// without a tail; not yet run on a GPU). docs/perf-notes.md ("The prep kernel's instructions"):
+// warp w owns channels [32 w, 32 w + 32), lane (g, t4) tokens g and g + 8 of 8 contiguous ones,
+// cw = 8 t4 .. + 7 of the warp's. For L = K~ K-^T and M = Q~ K-^T, k-tile j of the warp takes
+// channels cw + 2 j, + 1 of every lane (slot t4 the first, t4 + 4 the second; A and B alike), so
+// the lane's own registers are its A fragments (tokens g, g + 8) and its B fragments (token g of
+// n-tile 0, g + 8 of n-tile 1): the partial products read no shared memory. The steps along the
+// tokens go through warp-private tiles: the gate's running sum (thread c's column, as
+// prep_chunk's: the same G), K~ as the B operand of W K~ (then Wk of M Wk) and Q~ as Qe's
+// accumulator in the record's channel tiles; Kr goes from the registers to the record.
+constexpr int kColumnStride = 36;    // the gate's [16][32] tile: a lane reads 8 channels of a row,
+                                     // rows 4 banks apart
+constexpr int kFragmentStride = 40;  // K~ / Wk and Q~ [16][32] tiles: rows 8 banks apart, columns
+                                     // XOR 2 (row % 4) (fragment_at): the lanes' pair stores (rows g,
+                                     // columns cw + 2 j) and the B reads (rows t4 (+4), column g)
+                                     // both conflict-free
+__host__ __device__ constexpr int fragment_at(int row, int col) { return row * kFragmentStride + (col ^ (2 * (row & 3))); }
+// The claim above, lane by lane: 8-byte accesses of a half-warp on 16 different bank pairs, the
+// 4-byte B reads of a warp on 32 different banks.
+constexpr bool fragment_tiles_conflict_free() {
+  for (int half = 0; half < 2; ++half)
+    for (int r = 0; r < 2; ++r)
+      for (int j = 0; j < 4; ++j) {
+        unsigned pairs_by_lanes = 0, pairs_by_c = 0;
+        for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+          const int g = lane >> 2, t4 = lane & 3;
+          pairs_by_lanes |= 1u << (fragment_at(g + 8 * r, 8 * t4 + 2 * j) / 2 % 16);  // K~, Q~ stores
+          pairs_by_c |= 1u << (fragment_at(g + 8 * r, 8 * j + 2 * t4) / 2 % 16);      // Wk stores, Q~ reads
+        }
+        if (pairs_by_lanes != 0xffffu || pairs_by_c != 0xffffu) return false;
+      }
+  for (int row0 = 0; row0 < kChunk; row0 += 4)
+    for (int nl = 0; nl < 4; ++nl) {
+      unsigned long long banks = 0;
+      for (int lane = 0; lane < 32; ++lane) banks |= 1ull << (fragment_at(row0 + (lane & 3), 8 * nl + (lane >> 2)) % 32);
+      if (banks != 0xffffffffull) return false;
+    }
+  return true;
+}
+static_assert(fragment_tiles_conflict_free(), "the fragment tiles' stores and B reads meet no bank twice");
+
+struct FragmentSmem {
+  struct Warp {
+    float a[kChunk * kFragmentStride];  // G (kColumnStride rows), then K~, then Wk
+    float b[kChunk * kFragmentStride];  // Q~
+  } warp[kThreads / 32];
+  float norm[kThreads / 32][2][kChunk];          // [warp][q, k][token]: sums of squares over its channels
+  float part[kThreads / 32][2][kChunk][kChunk];  // [warp][L, M]: products over its channels
+  float beta[kChunk];
+  alignas(16) float L[kChunk][kSmallStride];
+  alignas(16) float M[kChunk][kSmallStride];
+  alignas(16) float W[kChunk][kSmallStride];
+};
+
+// Where Kr of token g + 8 r, channel 8 tile + e goes in the record: a lane's base (tile, g) plus
+// a constant (r, e), so that its 16 stores are one address and 16 immediates. 8x1 records:
+// fragment 2 tile + r, lane 4 e + g / 2, element g % 2; WgmmaRecord::kr(g + 8 r, 8 tile + e).
+template <bool kWgmma>
+__device__ __forceinline__ uint32_t kr_lane_base(int tile, int g) {
+  if constexpr (kWgmma) return WgmmaRecord::kKr + tile * 256 + (g & 1) * 128 + (g >> 1) * 4;
+  else return ChunkRecord::kKr + (2 * tile * 32 + (g >> 1)) * 8 + 4 * (g & 1);
+}
+template <bool kWgmma>
+__host__ __device__ constexpr uint32_t kr_offset(int r, int e) {
+  return kWgmma ? r * WgmmaRecord::kChannelTile + e * 16 : r * 256 + e * 32;
+}
+// The bases and offsets against WgmmaRecord::kr and the fragment order, every tile, g, r and e.
+template <bool kWgmma>
+constexpr bool kr_offsets_agree() {
+  for (int tile = 0; tile < kHeadDim / 8; ++tile)
+    for (int g = 0; g < 8; ++g)
+      for (int r = 0; r < 2; ++r)
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t base = kWgmma ? WgmmaRecord::kKr + tile * 256 + (g & 1) * 128 + (g >> 1) * 4
+                                       : ChunkRecord::kKr + (2 * tile * 32 + (g >> 1)) * 8 + 4 * (g & 1);
+          const int token = g + 8 * r, ch = 8 * tile + e;
+          const uint32_t want = kWgmma ? WgmmaRecord::kr(token, ch)
+                                       : ChunkRecord::kKr + (((2 * tile + r) * 32 + 4 * e + (g >> 1)) * 8 + 4 * (g & 1));
+          if (base + kr_offset<kWgmma>(r, e) != want) return false;
+        }
+  return true;
+}
+static_assert(kr_offsets_agree<false>() && kr_offsets_agree<true>(), "Kr's lane bases and offsets are the records'");
+
+template <bool kWgmma>
+__device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, FragmentSmem& sm, int64_t slot, int h,
+                                                     int64_t seq, int64_t t0, int count) {
+  const int c = threadIdx.x, lane = c & 31, warp = c >> 5, g = lane >> 2, t4 = lane & 3;
+  const int cw = 8 * t4, ch0 = 32 * warp + cw;  // the lane's first channel, of the warp's 32 and of the head
+  FragmentSmem::Warp& ws = sm.warp[warp];
+  const int64_t batch_row = p.seqs.cu_seqlens ? 0 : seq;
+  uint8_t* rec = record_of<kWgmma>(p, slot, h);
+
+  // q and k of tokens g and g + 8 (r = 0, 1), the lane's 8 channels: a 16-byte load each.
+  uint4 xq[2], xk[2];
+  {
+    const uint16_t* q_row = p.q.row_in_batch(batch_row, t0, h) + ch0;
+    const uint16_t* k_row = p.k.row_in_batch(batch_row, t0, h) + ch0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int token = g + 8 * r;
+      const bool in = token < count;
+      xq[r] = in ? __ldg(reinterpret_cast<const uint4*>(q_row + token * p.q.token)) : make_uint4(0, 0, 0, 0);
+      xk[r] = in ? __ldg(reinterpret_cast<const uint4*>(k_row + token * p.k.token)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // The gate down thread c's channel, as prep_chunk computes it (the same G, bit for bit), into
+  // the warp's column tile; exp(G_C) of channel c for the record.
+  float e_C;
+  {
+    const uint16_t* g_col = p.g.row_in_batch(batch_row, t0, h) + c;  // bumped a token a step
+    const float neg_expA_log2e = -ptx::kLog2e * __expf(__ldg(p.A_log + h));
+    const float bias = __ldg(p.dt_bias + h * kHeadDim + c);
+    const float lb_log2e = ptx::kLog2e * p.lower_bound;
+    float run = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t, g_col += p.g.token) {
+      const float x = t < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(g_col))) : 0.0f;
+      const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (x + bias));
+      const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
+      ws.a[t * kColumnStride + lane] = (run += a2);  // G_t in base 2
+    }
+    e_C = ptx::exp2_ftz(run);
+  }
+  // Sums of squares of q and k over the lane's 8 channels, then its quad's 32.
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const uint4 x = m == 0 ? xq[r] : xk[r];
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = ptx::unpack_bf16x2(w[i]);
+        sum = fmaf(v.x, v.x, fmaf(v.y, v.y, sum));
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t4 == 0) sm.norm[warp][m][g + 8 * r] = sum;
+    }
+  if (c < kChunk) {
+    const uint16_t* beta = p.beta.row_in_batch(batch_row, t0, h) + c * p.beta.token;
+    const float b = c < count ? bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(beta))) : 0.0f;
+    sm.beta[c] = c < count ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * b)) : 0.0f;
+  }
+  __syncthreads();  // the norms' partial sums, beta (and the warp's column tile)
+
+  float rq[2], rk[2];  // scale / ||q||, 1 / ||k|| of tokens g, g + 8
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int token = g + 8 * r;
+    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) sq += sm.norm[w][0][token], sk += sm.norm[w][1][token];
+    rq[r] = p.scale * rsqrtf(sq + 1e-6f);
+    rk[r] = rsqrtf(sk + 1e-6f);
+  }
+  // G of the lane's tokens and channels, and G_C of its channels, out of the column tile.
+  float G[2][8], GC[8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const float4 x = *reinterpret_cast<const float4*>(&ws.a[(g + 8 * r) * kColumnStride + cw + 4 * v]);
+      G[r][4 * v] = x.x, G[r][4 * v + 1] = x.y, G[r][4 * v + 2] = x.z, G[r][4 * v + 3] = x.w;
+    }
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+    const float4 x = *reinterpret_cast<const float4*>(&ws.a[(kChunk - 1) * kColumnStride + cw + 4 * v]);
+    GC[4 * v] = x.x, GC[4 * v + 1] = x.y, GC[4 * v + 2] = x.z, GC[4 * v + 3] = x.w;
+  }
+  uint8_t* const kr_rec = rec + kr_lane_base<kWgmma>(4 * warp + t4, g);
+  __syncwarp();  // every lane has read the column tile: it becomes K~'s
+
+  // Per k-tile j: channels cw + 2 j, + 1 of tokens g, g + 8. K~ = k^ e^G (tf32), K- = k^ e^-G
+  // (tf32), Q~ = scale q^ e^G, Kr = k^ e^(G_C - G); the partial L and M over the warp's channels.
+  float accL[2][4] = {}, accM[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float kt[2][2], km[2][2], qt[2][2];  // [r][i]: channel cw + 2 j + i
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t wq[4] = {xq[r].x, xq[r].y, xq[r].z, xq[r].w}, wk[4] = {xk[r].x, xk[r].y, xk[r].z, xk[r].w};
+      const float2 qv = ptx::unpack_bf16x2(wq[j]), kv = ptx::unpack_bf16x2(wk[j]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int e = 2 * j + i;
+        const float kh = (i ? kv.y : kv.x) * rk[r];
+        const float x = ptx::exp2_ftz(G[r][e]), x_inv = ptx::exp2_ftz(-G[r][e]);
+        kt[r][i] = ptx::tf32_operand(kh * x);
+        km[r][i] = ptx::tf32_operand(kh * x_inv);
+        qt[r][i] = (i ? qv.y : qv.x) * rq[r] * x;
+        *reinterpret_cast<float*>(kr_rec + kr_offset<kWgmma>(r, e)) = ptx::tf32_operand(kh * (ptx::exp2_ftz(GC[e]) * x_inv));
+      }
+      *reinterpret_cast<float2*>(&ws.a[fragment_at(g + 8 * r, cw + 2 * j)]) = make_float2(kt[r][0], kt[r][1]);
+      *reinterpret_cast<float2*>(&ws.b[fragment_at(g + 8 * r, cw + 2 * j)]) = make_float2(qt[r][0], qt[r][1]);
+    }
+    const uint32_t a_k[4] = {__float_as_uint(kt[0][0]), __float_as_uint(kt[1][0]), __float_as_uint(kt[0][1]),
+                             __float_as_uint(kt[1][1])};
+    const uint32_t a_q[4] = {__float_as_uint(qt[0][0]), __float_as_uint(qt[1][0]), __float_as_uint(qt[0][1]),
+                             __float_as_uint(qt[1][1])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {  // B: K-^T, token g + 8 nt of n-tile nt
+      ptx::mma_tf32_1688(accL[nt], a_k, km[nt][0], km[nt][1]);
+      ptx::mma_tf32_1688(accM[nt], a_q, km[nt][0], km[nt][1]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {  // C fragments: rows g, g + 8; columns 8 nt + 2 t4, + 1
+    *reinterpret_cast<float2*>(&sm.part[warp][0][g][8 * nt + 2 * t4]) = make_float2(accL[nt][0], accL[nt][1]);
+    *reinterpret_cast<float2*>(&sm.part[warp][0][g + 8][8 * nt + 2 * t4]) = make_float2(accL[nt][2], accL[nt][3]);
+    *reinterpret_cast<float2*>(&sm.part[warp][1][g][8 * nt + 2 * t4]) = make_float2(accM[nt][0], accM[nt][1]);
+    *reinterpret_cast<float2*>(&sm.part[warp][1][g + 8][8 * nt + 2 * t4]) = make_float2(accM[nt][2], accM[nt][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = entry_row(c, r), j = entry_col(c);
+    float l = 0.0f, m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) l += sm.part[w][0][i][j], m += sm.part[w][1][i][j];
+    sm.L[i][j] = i > j ? sm.beta[i] * l : 0.0f;  // strictly lower
+    sm.M[i][j] = i >= j ? m : 0.0f;              // lower, with the diagonal
+  }
+  __syncthreads();
+
+  // W = (I + L)^{-1} Diag(beta): thread j solves column j by forward substitution (prep_chunk's).
+  if (c < kChunk) {
+    const int j = c;
+    float x[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      float s = (i == j) ? 1.0f : 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) s = fmaf(-sm.L[i][m], x[m], s);
+      x[i] = (i < j) ? 0.0f : s;
+    }
+    const float bj = sm.beta[j];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) sm.W[i][j] = x[i] * bj;
+  }
+  __syncthreads();
+
+  // Wk = W K~ and Qe = Q~ - M Wk of the warp's 4 channel tiles (tile 4 w + nl: channels 8 nl ..
+  // of the warp's tiles), as prep_chunk does them from its block-wide tiles.
+  uint32_t aw[2][4], am[2][4];
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // a[r]: row g + 8 (r & 1), column 8 kt + t4 + 4 (r >> 1)
+      const int row = g + 8 * (r & 1), col = kt * 8 + t4 + 4 * (r >> 1);
+      aw[kt][r] = __float_as_uint(ptx::tf32_operand(sm.W[row][col]));
+      am[kt][r] = __float_as_uint(-ptx::tf32_operand(sm.M[row][col]));  // Qe accumulates -M Wk
+    }
+#pragma unroll
+  for (int nl = 0; nl < 4; ++nl) {
+    const int ntile = 4 * warp + nl, col = 8 * nl;
+    float wk[4] = {}, qe[4];
+    const float2 q0 = *reinterpret_cast<const float2*>(&ws.b[fragment_at(g, col + 2 * t4)]);
+    const float2 q1 = *reinterpret_cast<const float2*>(&ws.b[fragment_at(g + 8, col + 2 * t4)]);
+    qe[0] = q0.x, qe[1] = q0.y, qe[2] = q1.x, qe[3] = q1.y;
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      const int j = kt * 8 + t4;  // B rows (tokens) j and j + 4, column col + g
+      ptx::mma_tf32_1688(wk, aw[kt], ws.a[fragment_at(j, col + g)], ws.a[fragment_at(j + 4, col + g)]);
+    }
+    __syncwarp();  // every lane has read K~ of these channels: the tile slot now takes Wk
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
+      if constexpr (kWgmma) {
+        uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
+        *reinterpret_cast<float*>(at) = x.x;
+        *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
+      } else {
+        *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
+      }
+      *reinterpret_cast<float2*>(&ws.a[fragment_at(g + 8 * r, col + 2 * t4)]) = x;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      const int j = kt * 8 + t4;
+      ptx::mma_tf32_1688(qe, am[kt], ws.a[fragment_at(j, col + g)], ws.a[fragment_at(j + 4, col + g)]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (kWgmma) {
+        uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
+        *reinterpret_cast<float*>(at) = ptx::tf32_operand(qe[2 * r]);
+        *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(qe[2 * r + 1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
+            ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
+      }
+    }
+  }
+
+  // W, M and exp(G_C), as prep_chunk stores them.
+  float* small = reinterpret_cast<float*>(rec);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = entry_row(c, r), j = entry_col(c);
+    if constexpr (kWgmma) {
+      const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
+      small[WgmmaRecord::w(0, i, j) / 4] = hi;
+      small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
+      small[WgmmaRecord::m(i, j) / 4] = ptx::tf32_operand(sm.M[i][j]);
+    } else {
+      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
+      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
+    }
+  }
+  small[(kWgmma ? WgmmaRecord::kDecay : ChunkRecord::kDecay) / 4 + c] = e_C;
+}
+
+// The prep grid in the fragment form: prep_kernel's blocks, slots and order. Five blocks a
+// multiprocessor (96 registers; six, at 80, spilled 16 bytes), four with WgmmaRecords (111).
+template <bool kWgmma>
+__global__ void __launch_bounds__(kThreads, kWgmma ? 4 : 5) prep_fragment_kernel(const PrepParams p) {
+  ptx::griddep_launch_dependents();
+  const int h = blockIdx.x;
+  const int64_t slot = blockIdx.y + kMaxGridY * blockIdx.z;  // past the last slot: count 0 below
+  if (p.item_counter && slot == 0 && h == 0 && threadIdx.x == 0) ItemScheduler{p.item_counter}.reset();
+  if (p.seq_order && slot == 0 && h == 0) p.seqs.order_by_length(p.seq_order);
+  int64_t seq, t0;
+  int count;
+  locate_slot(p.seqs, slot, seq, t0, count);
+  if (count == 0) return;  // uniform over the block
+  __shared__ __align__(128) FragmentSmem sm;
+  prep_chunk_fragments<kWgmma>(p, sm, slot, h, seq, t0, count);
+}
+
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
@@ -678,15 +1013,17 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // P4 0.798 -> 0.787, P10 1.613 -> 1.608 (repeat 1.621 -> 1.585).
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
-                                     : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
+  const bool fragments = p.fragment_form && !p.softplus_gate && p.tail.chunks.per_segment == 0;
+  const auto kernel = fragments ? (p.wgmma_record ? prep_fragment_kernel<true> : prep_fragment_kernel<false>)
+                      : p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
+                                       : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
   size_t pad = 0;
   if (p.blocks_per_sm > 0) {  // blocks_per_sm + 1 blocks must not fit a multiprocessor's shared memory
     int device = 0, per_sm = 0, reserved = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
     cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
-    const size_t block = sizeof(PrepSmem) + static_cast<size_t>(reserved);
+    const size_t block = (fragments ? sizeof(FragmentSmem) : sizeof(PrepSmem)) + static_cast<size_t>(reserved);
     const size_t share = static_cast<size_t>(per_sm) / static_cast<size_t>(p.blocks_per_sm);
     pad = share > block + 16 ? share - block - 16 : 0;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad));
