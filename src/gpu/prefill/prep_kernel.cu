@@ -208,6 +208,54 @@ __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[
   }
 }
 
+// W = (I + L)^{-1} Diag(beta): thread j < 16 solves column j by forward substitution.
+__device__ __forceinline__ void solve_w(const float (&L)[kChunk][kSmallStride], const float (&beta)[kChunk],
+                                        float (&W)[kChunk][kSmallStride], int c) {
+  if (c < kChunk) {
+    const int j = c;
+    float x[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      float s = (i == j) ? 1.0f : 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) s = fmaf(-L[i][m], x[m], s);
+      x[i] = (i < j) ? 0.0f : s;
+    }
+    const float bj = beta[j];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) W[i][j] = x[i] * bj;
+  }
+}
+
+// W, M and exp(G_C) of channel c (thread c) into the record.
+template <bool kWgmma>
+__device__ __forceinline__ void store_w_m_decay(uint8_t* rec, const float (&W)[kChunk][kSmallStride],
+                                                const float (&M)[kChunk][kSmallStride], int c, float e_C) {
+  float* small = reinterpret_cast<float*>(rec);
+  if constexpr (kWgmma) {
+    // W split hi + lo here (rows t, columns t' in order: W V's A operand is loaded, not a D
+    // fragment), M (tf32; t' permuted: its A operand is W V's D fragment) and exp(G_C).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
+      const float w = W[i][j], hi = ptx::tf32_high_part(w);
+      small[WgmmaRecord::w(0, i, j) / 4] = hi;
+      small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
+      small[WgmmaRecord::m(i, j) / 4] = ptx::tf32_operand(M[i][j]);
+    }
+    small[WgmmaRecord::kDecay / 4 + c] = e_C;
+  } else {
+    // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = entry_row(c, r), j = entry_col(c);
+      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(M[i][j]);
+      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = W[i][j];
+    }
+    small[ChunkRecord::kDecay / 4 + c] = e_C;
+  }
+}
+
 // The record of one chunk (slot) of head h: `count` tokens (1..16) from token t0 of sequence
 // `seq`. kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else
 // ChunkRecord's. Ends with the block's last reads of `sm` done by this thread only: a caller
@@ -467,21 +515,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
   }
   __syncthreads();
 
-  // W = (I + L)^{-1} Diag(beta): thread j solves column j by forward substitution.
-  if (c < kChunk) {
-    const int j = c;
-    float x[kChunk];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      float s = (i == j) ? 1.0f : 0.0f;
-#pragma unroll
-      for (int m = 0; m < i; ++m) s = fmaf(-sm.L[i][m], x[m], s);
-      x[i] = (i < j) ? 0.0f : s;
-    }
-    const float bj = sm.beta[j];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) sm.W[i][j] = x[i] * bj;
-  }
+  solve_w(sm.L, sm.beta, sm.W, c);
   __syncthreads();
 
 
@@ -551,29 +585,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
   }
 
   if constexpr (!kSoftplus) store_kr<kWgmma>(rec, c, kr);
-  float* small = reinterpret_cast<float*>(rec);
-  if constexpr (kWgmma) {
-    // W split hi + lo here (rows t, columns t' in order: W V's A operand is loaded, not a D
-    // fragment), M (tf32; t' permuted: its A operand is W V's D fragment) and exp(G_C).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = entry_row(c, r), j = entry_col(c);
-      const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
-      small[WgmmaRecord::w(0, i, j) / 4] = hi;
-      small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
-      small[WgmmaRecord::m(i, j) / 4] = ptx::tf32_operand(sm.M[i][j]);
-    }
-    small[WgmmaRecord::kDecay / 4 + c] = e_C;
-  } else {
-    // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = entry_row(c, r), j = entry_col(c);
-      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
-      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
-    }
-    small[ChunkRecord::kDecay / 4 + c] = e_C;
-  }
+  store_w_m_decay<kWgmma>(rec, sm.W, sm.M, c, e_C);
 }
 
 // A block per (chunk slot, head), heads fastest.
@@ -897,21 +909,7 @@ __device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, Fragme
   }
   __syncthreads();
 
-  // W = (I + L)^{-1} Diag(beta): thread j solves column j by forward substitution (prep_chunk's).
-  if (c < kChunk) {
-    const int j = c;
-    float x[kChunk];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      float s = (i == j) ? 1.0f : 0.0f;
-#pragma unroll
-      for (int m = 0; m < i; ++m) s = fmaf(-sm.L[i][m], x[m], s);
-      x[i] = (i < j) ? 0.0f : s;
-    }
-    const float bj = sm.beta[j];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) sm.W[i][j] = x[i] * bj;
-  }
+  solve_w(sm.L, sm.beta, sm.W, c);
   __syncthreads();
 
   // Wk = W K~ and Qe = Q~ - M Wk of the warp's 4 channel tiles (tile 4 w + nl: channels 8 nl ..
@@ -969,22 +967,7 @@ __device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, Fragme
     }
   }
 
-  // W, M and exp(G_C), as prep_chunk stores them.
-  float* small = reinterpret_cast<float*>(rec);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = entry_row(c, r), j = entry_col(c);
-    if constexpr (kWgmma) {
-      const float w = sm.W[i][j], hi = ptx::tf32_high_part(w);
-      small[WgmmaRecord::w(0, i, j) / 4] = hi;
-      small[WgmmaRecord::w(1, i, j) / 4] = w - hi;
-      small[WgmmaRecord::m(i, j) / 4] = ptx::tf32_operand(sm.M[i][j]);
-    } else {
-      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(sm.M[i][j]);
-      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = sm.W[i][j];
-    }
-  }
-  small[(kWgmma ? WgmmaRecord::kDecay : ChunkRecord::kDecay) / 4 + c] = e_C;
+  store_w_m_decay<kWgmma>(rec, sm.W, sm.M, c, e_C);
 }
 
 // The prep grid in the fragment form: prep_kernel's blocks, slots and order. Five blocks a
