@@ -256,6 +256,46 @@ __device__ __forceinline__ void store_w_m_decay(uint8_t* rec, const float (&W)[k
   }
 }
 
+// The A fragments of W and -M (tf32) for the products Wk = W K~ and Qe = Q~ - M Wk, k-slot t
+// being token t and slot t + 4 token t + 4: a[r] is row g + 8 (r & 1), column 8 kt + t4 + 4 (r >> 1).
+__device__ __forceinline__ void w_m_fragments(const float (&W)[kChunk][kSmallStride], const float (&M)[kChunk][kSmallStride],
+                                              int g, int t4, uint32_t (&aw)[2][4], uint32_t (&am)[2][4]) {
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = g + 8 * (r & 1), col = kt * 8 + t4 + 4 * (r >> 1);
+      aw[kt][r] = __float_as_uint(ptx::tf32_operand(W[row][col]));
+      am[kt][r] = __float_as_uint(-ptx::tf32_operand(M[row][col]));  // Qe accumulates -M Wk
+    }
+}
+
+// A lane's Wk pair (tf32) of n-tile `ntile`, token half r into the record: token g + 8 r, channels
+// 8 ntile + 2 t4 (+1); in a WgmmaRecord k-step ntile, elements 2 t4 (+1).
+template <bool kWgmma>
+__device__ __forceinline__ void store_wk_pair(uint8_t* rec, int ntile, int r, int lane, float2 x) {
+  if constexpr (kWgmma) {
+    uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
+    *reinterpret_cast<float*>(at) = x.x;
+    *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
+  } else {
+    *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
+  }
+}
+
+// The same lane's Qe pair: bf16 in 8x1 records, fp32 (tf32-rounded) in a WgmmaRecord, whose pass
+// reads Qe as a tf32 operand.
+template <bool kWgmma>
+__device__ __forceinline__ void store_qe_pair(uint8_t* rec, int ntile, int r, int lane, float q0, float q1) {
+  if constexpr (kWgmma) {
+    uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
+    *reinterpret_cast<float*>(at) = ptx::tf32_operand(q0);
+    *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(q1);
+  } else {
+    *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) = ptx::pack_bf16x2(q0, q1);
+  }
+}
+
 // The record of one chunk (slot) of head h: `count` tokens (1..16) from token t0 of sequence
 // `seq`. kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else
 // ChunkRecord's. Ends with the block's last reads of `sm` done by this thread only: a caller
@@ -530,15 +570,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     // the permuted order (rows 2t, 2t + 1) put rows 0 and 4 in one bank, a 2-way conflict on
     // every B read (~6M of the prep kernel's 86M shared-memory wavefronts at P1, ncu).
     uint32_t aw[2][4], am[2][4];
-#pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {  // a[r]: row g + 8 (r & 1), column 8 kt + t + 4 (r >> 1)
-        const int row = g + 8 * (r & 1), col = kt * 8 + t4 + 4 * (r >> 1);
-        aw[kt][r] = __float_as_uint(ptx::tf32_operand(sm.W[row][col]));
-        am[kt][r] = __float_as_uint(-ptx::tf32_operand(sm.M[row][col]));  // Qe accumulates -M Wk
-      }
-    }
+    w_m_fragments(sm.W, sm.M, g, t4, aw, am);
 #pragma unroll
     for (int nl = 0; nl < 4; ++nl) {
       const int ntile = warp * 4 + nl, ch = ntile * 8;  // this n-tile and its first channel
@@ -555,13 +587,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
-        if constexpr (kWgmma) {  // token g + 8 r, channels ch + 2 t4 (+1): k-step ntile, elements 2 t4 (+1)
-          uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
-          *reinterpret_cast<float*>(at) = x.x;
-          *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
-        } else {
-          *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
-        }
+        store_wk_pair<kWgmma>(rec, ntile, r, lane, x);
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
@@ -572,14 +598,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if constexpr (kWgmma) {  // fp32 (tf32-rounded): the wgmma pass reads Qe as a tf32 operand
-          uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
-          *reinterpret_cast<float*>(at) = ptx::tf32_operand(qe[2 * r]);
-          *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(qe[2 * r + 1]);
-        } else {
-          *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
-              ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
-        }
+        store_qe_pair<kWgmma>(rec, ntile, r, lane, qe[2 * r], qe[2 * r + 1]);
       }
     }
   }
@@ -915,14 +934,7 @@ __device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, Fragme
   // Wk = W K~ and Qe = Q~ - M Wk of the warp's 4 channel tiles (tile 4 w + nl: channels 8 nl ..
   // of the warp's tiles), as prep_chunk does them from its block-wide tiles.
   uint32_t aw[2][4], am[2][4];
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {  // a[r]: row g + 8 (r & 1), column 8 kt + t4 + 4 (r >> 1)
-      const int row = g + 8 * (r & 1), col = kt * 8 + t4 + 4 * (r >> 1);
-      aw[kt][r] = __float_as_uint(ptx::tf32_operand(sm.W[row][col]));
-      am[kt][r] = __float_as_uint(-ptx::tf32_operand(sm.M[row][col]));  // Qe accumulates -M Wk
-    }
+  w_m_fragments(sm.W, sm.M, g, t4, aw, am);
 #pragma unroll
   for (int nl = 0; nl < 4; ++nl) {
     const int ntile = 4 * warp + nl, col = 8 * nl;
@@ -939,13 +951,7 @@ __device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, Fragme
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
-      if constexpr (kWgmma) {
-        uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
-        *reinterpret_cast<float*>(at) = x.x;
-        *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
-      } else {
-        *reinterpret_cast<float2*>(rec + ChunkRecord::kWk + fragment_entry(16 * r + ntile, lane, 8)) = x;
-      }
+      store_wk_pair<kWgmma>(rec, ntile, r, lane, x);
       *reinterpret_cast<float2*>(&ws.a[fragment_at(g + 8 * r, col + 2 * t4)]) = x;
     }
     __syncwarp();
@@ -956,14 +962,7 @@ __device__ __forceinline__ void prep_chunk_fragments(const PrepParams& p, Fragme
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if constexpr (kWgmma) {
-        uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
-        *reinterpret_cast<float*>(at) = ptx::tf32_operand(qe[2 * r]);
-        *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(qe[2 * r + 1]);
-      } else {
-        *reinterpret_cast<uint32_t*>(rec + ChunkRecord::kQe + fragment_entry(16 * r + ntile, lane, 4)) =
-            ptx::pack_bf16x2(qe[2 * r], qe[2 * r + 1]);
-      }
+      store_qe_pair<kWgmma>(rec, ntile, r, lane, qe[2 * r], qe[2 * r + 1]);
     }
   }
 
