@@ -10,8 +10,6 @@
 #                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #                (and dir/record_ring_probe for the ring step)
-#   fragments step (not a default one): the prefill suite and racecheck on the experimental
-#                fragment form of the prep kernel (FLASHKDA_PREP_FRAGMENTS=1)
 #   ring step (not a default one): the record-ring probe (tools/probes/record_ring_probe.cu) under ncu
 #                on P1, P3, P9 shapes, plain workspace and records on a 24 MB ring (RING_MB): kernel times and
 #                DRAM bytes, to the summary
@@ -119,17 +117,6 @@ for step in $steps; do
       ;;
     run)
       run_step "flashkda run" "$summary" 120 "$CLI_BIN" run
-      ;;
-    fragments)  # the experimental fragment form of the prep kernel (FLASHKDA_PREP_FRAGMENTS=1): the
-      # prefill suite on it (but the two tests that compare it bit for bit with the prep tail's
-      # form, which keeps prep_chunk's rounding) and racecheck on a few; time it with the ab step
-      # (AB_VARIANTS="default FLASHKDA_PREP_FRAGMENTS=1")
-      run_step "tests test_prefill_gpu (fragment prep)" "$OUT/gpu-tests.log" "${TESTS_LIMIT:-300}" \
-        env FLASHKDA_PREP_FRAGMENTS=1 "$TEST_DIR/test_prefill_gpu" \
-        --gtest_filter='-GpuPrefill.PrepTailMatchesOnePrepGridBitForBit:GpuPrefill.SplitPrepTailMatchesOnePrepGridBitForBit'
-      run_step "sanitizer racecheck (fragment prep)" "$OUT/gpu-tests.log" 180 env FLASHKDA_PREP_FRAGMENTS=1 \
-        compute-sanitizer --tool racecheck --error-exitcode 1 "$TEST_DIR/test_prefill_gpu" \
-        --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:GpuPrefillPersistent.ManyTinyItems:Segments/GpuPrefillSplitSegments.MatchesOracle/0'
       ;;
     bench)
       run_step "flashkda bench" "$summary" "${BENCH_LIMIT:-400}" "$CLI_BIN" bench --json "$OUT/bench.json" ${BENCH_ARGS:-}

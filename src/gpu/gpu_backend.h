@@ -58,7 +58,6 @@ struct PrefillPlan {
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
-  bool prep_fragments = false;   // FLASHKDA_PREP_FRAGMENTS=1: the prep kernel's experimental fragment form
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
   // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms
   // multiprocessors the state grid leaves idle; 0: no tail.

@@ -341,7 +341,6 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   plan.stitch_rows_kept = forced_switch("FLASHKDA_STITCH_ROWS") != 0;
   plan.stitch_rows_3xtf32 = forced_switch("FLASHKDA_STITCH_3XTF32") == 1;
   plan.stitch_rows_wgmma = forced_switch("FLASHKDA_STITCH_ROWS_WGMMA") != 0;
-  plan.prep_fragments = forced_switch("FLASHKDA_PREP_FRAGMENTS") == 1;
   if (plan.pass == PrefillPlan::Pass::kSplit) {
     plan.split_state_bytes = static_cast<size_t>(p.H) * kHeadDim * kHeadDim * sizeof(float);
     plan.split_row_bytes = static_cast<size_t>(p.total_tokens * p.H) * kHeadDim * sizeof(float);
@@ -375,7 +374,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     prep.wgmma_record = plan.wgmma_records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
-    prep.fragment_form = plan.prep_fragments;
     if (plan.tail_sms > 0) {  // the chunks before the tail's, then the tail's grid (zeroed hand-off first)
       const cudaError_t err = cudaMemsetAsync(tail_region, 0, plan.tail_bytes, stream);
       if (err != cudaSuccess) fail(ErrorCode::kCudaError, "zeroing the prep tail's hand-off failed: ", cudaGetErrorString(err));

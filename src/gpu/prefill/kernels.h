@@ -50,9 +50,6 @@ struct PrepParams {
   // kernel sharing the multiprocessors with the state pass would leave it).
   int blocks_per_sm = 0;
   bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
-  // The prep grid in prep_kernel.cu's fragment form (experimental: FLASHKDA_PREP_FRAGMENTS=1; the
-  // safe gate without a prep tail, else ignored).
-  bool fragment_form = false;
   // The prep tail's chunks (the prep grid skips them) and, for launch_prep_tail, its hand-off.
   PrepTail tail;
 };
