@@ -12,7 +12,6 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
-#include "gpu/ptx/cp_async.cuh"
 #include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/wgmma.cuh"
 
@@ -265,59 +264,35 @@ __global__ void __launch_bounds__(kThreads, 2) stitch_kernel(const StitchParams 
 // The chain of segment states (StitchChain) in one launch: a block per kChainRows rows of one
 // head's S^T. Row r of S_s^T = B_s^T + S_{s-1}^T A_s^T needs only row r of S_{s-1}^T, so a block
 // runs every step on its own rows, kept in shared memory in fp32 as the boundary buffer holds
-// them (the values one launch a step reads back: the same results bit for bit). The chain is
-// latency-bound (a few heads, S - 1 dependent steps), so its rows go over 8 blocks a head, not 2:
-// each step's products a warp are a quarter of 64-row blocks' (8 blocks a head read A^T from the
-// L2 each). One launch a step took ~15 us each (ncu at 4036296, P8: 7 steps of 8 blocks); 64-row
-// blocks in one launch ~7 us a step (ncu at ba97dbb, P8: 106 us for 15 steps); 16-row blocks
-// with A_{s+1}^T loaded into registers during step s's products and stored after them ~2.9 us
-// (ncu at 2ac3716, P8: 47 us for 16 steps). Now A^T comes by cp.async into kChainBuffers
-// padded tiles, kChainBuffers - 1 steps ahead: no registers, no shared-memory stores on the
-// chain's path, and each copy has two steps to land.
+// them (the values one launch a step reads back: the same results bit for bit), and loads the
+// next step's A^T into registers while this step's products run. The chain is latency-bound (a
+// few heads, S - 1 dependent steps), so its rows go over 8 blocks a head, not 2: each step's
+// products a warp are a quarter of 64-row blocks' (8 blocks a head read A^T from the L2 each).
+// One launch a step took ~15 us each (ncu at 4036296, P8: 7 steps of 8 blocks); 64-row blocks
+// in one launch ~7 us a step (ncu at ba97dbb, P8: 106 us for 15 steps).
 constexpr int kChainRows = 16;
-constexpr int kChainBuffers = 3;
-struct ChainSmem {
-  float x[kChainRows][kPairStride];              // this block's rows of S_{s-1}^T
-  float m[kChainBuffers][kHeadDim][kWordStride];  // A_j^T as [k][n] in buffer (j - 1) % kChainBuffers
-};
-static_assert(sizeof(ChainSmem) <= 227 * 1024, "the chain's buffers in one block's shared memory");
-
-// A^T [128][128] into a padded tile as load_m / store_m place it (thread tid's 16-byte pieces
-// tid + v kThreads), as one cp.async group of this thread.
-__device__ __forceinline__ void copy_m_async(const float* m, float (*m_tile)[kWordStride], int tid) {
-#pragma unroll
-  for (int v = 0; v < kMVectors; ++v) {
-    const int i = tid + v * kThreads;
-    ptx::cp_async_16(&m_tile[i / kRowVectors][4 * (i % kRowVectors)], m + 4 * i);
-  }
-  ptx::cp_async_commit();
-}
-
+using ChainSmem = StitchSmemOf<kChainRows>;
 __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchChain p) {
   constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
   constexpr int kNTiles = RowTiling<kChainRows>::kNTiles;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<ChainSmem*>(smem_raw);
+  float(*m_tile)[kWordStride] = reinterpret_cast<float(*)[kWordStride]>(&sm.m[0][0]);  // A_s^T as [k][n]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t head = blockIdx.y * kStateHead, row0 = int64_t{blockIdx.x} * kChainRows;
-  // A_j^T's copies (j = 1 .. steps; an empty group past the last, so that every step counts
-  // the same groups): step s issues A_{s + kChainBuffers - 1}^T into the buffer step s - 1 read.
-  auto copy_a = [&](int j) {
-    if (j <= p.steps) copy_m_async(p.a_t + (j - 1) * p.segment_stride + head, sm.m[(j - 1) % kChainBuffers], tid);
-    else ptx::cp_async_commit();
-  };
-  for (int j = 1; j < kChainBuffers; ++j) copy_a(j);
   {
-    float4 xv[kXVectors<kChainRows>];
+    float4 mv[kMVectors], xv[kXVectors<kChainRows>];
+    load_m(p.a_t + head, mv, tid);
     load_x_rows<kChainRows>(p.boundary + head, kHeadDim, row0, kHeadDim, xv, tid);
+    store_m(mv, m_tile, tid);
     store_x_rows(xv, sm.x, tid);
   }
-  ptx::cp_async_wait<kChainBuffers - 2>();  // A_1^T landed (this thread's part)
   __syncthreads();
   const FragmentPlace<kChainRows> f(warp, lane);
   for (int s = 1; s <= p.steps; ++s) {
     const bool more = s < p.steps;
-    copy_a(s + kChainBuffers - 1);
+    float4 next[kMVectors];
+    if (more) load_m(p.a_t + s * p.segment_stride + head, next, tid);  // A_{s+1}^T, in flight
     // This step's B_s^T pairs, in flight during the products: loaded after them, their latency
     // held ~45% of the kernel's stall samples (ncu at ef3205e, P8: 166 us for 15 steps).
     const ZFromMemory b{p.b_t + (s - 1) * p.segment_stride + head, kHeadDim};
@@ -327,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) zv[half][j] = b(half, j, row0 + f.row(half), f.col(j));
     float acc[kNTiles][4];
-    multiply_rows<kWordStride, false, true>(sm.x, sm.m[(s - 1) % kChainBuffers], warp, lane, acc);
+    multiply_rows<kWordStride, false, true>(sm.x, m_tile, warp, lane, acc);
     __syncthreads();  // every warp is done with this step's rows and A^T
     const bool to_final = s == p.segments - 1;
     void* y = to_final ? p.final_state : static_cast<void*>(p.boundary + s * p.segment_stride);
@@ -336,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) stitch_chain_kernel(const StitchC
                [&](int r, int col, float y0, float y1) {
                  if (more) *reinterpret_cast<float2*>(&sm.x[r][col]) = make_float2(y0, y1);
                });
-    ptx::cp_async_wait<kChainBuffers - 2>();  // A_{s+1}^T landed (this thread's part)
+    if (more) store_m(next, m_tile, tid);
     __syncthreads();
   }
 }
