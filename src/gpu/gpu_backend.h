@@ -43,7 +43,7 @@ struct PrefillPlan {
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
-  bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor (wgmma: half runs, three)
+  bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   bool split_wgmma = false;      // kSplit: the runs on the wgmma pass, a block a head and run
   // kSplit: the segment states chained in one launch (StitchChain; FLASHKDA_STITCH_CHAIN=0: one
   // launch a step instead)

@@ -244,8 +244,7 @@ TEST_P(GpuPrefillSplit, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuPrefillSplit, ::testing::Values(0, 1, 16, 17, 33, 1000, 4097));
 
-// More segments: S = 3 and 16 on the wgmma pass the launcher takes (a block a head and run), and
-// on its half runs (two one-warpgroup blocks a head and run);
+// More segments: S = 3 and 16 on the wgmma pass the launcher takes (a block a head and run);
 // S = 3 (one block a multiprocessor for these heads), 4 and 7 (3-stage blocks, two a
 // multiprocessor) on the 2x2 layout, and S = 4 on 1x4; segments past the sequence's chunks are
 // empty (A = I, B = 0).
@@ -286,28 +285,8 @@ TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments,
                          ::testing::Values(std::make_pair("wgmma", "3"), std::make_pair("wgmma", "16"),
-                                           std::make_pair("wgmma-half", "3"), std::make_pair("wgmma-half", "16"),
                                            std::make_pair("2x2", "3"), std::make_pair("2x2", "4"),
                                            std::make_pair("2x2", "7"), std::make_pair("1x4", "4")));
-
-// The wgmma runs' half form (a run's value rows over two one-warpgroup blocks) runs the same
-// step on the same 64 value rows a warpgroup: bit for bit the whole runs' outputs.
-TEST_F(GpuPrefill, SplitHalfRunsMatchWholeRunsBitForBit) {
-  setenv("FLASHKDA_SPLIT", "1", 1);
-  for (const char* segments : {"3", "8"}) {
-    setenv("FLASHKDA_SPLIT_SEGMENTS", segments, 1);
-    RandomProblem host(packed({3000}, 3, 41));
-    DeviceProblem dev(host);
-    setenv("FLASHKDA_SPLIT_LAYOUT", "wgmma", 1);
-    const DeviceProblem::Outputs base = dev.run_fresh();
-    setenv("FLASHKDA_SPLIT_LAYOUT", "wgmma-half", 1);
-    expect_same_outputs(dev, base, std::string(segments) + " segments, half runs");
-    expect_matches_oracle(host);
-  }
-  unsetenv("FLASHKDA_SPLIT_LAYOUT");
-  unsetenv("FLASHKDA_SPLIT_SEGMENTS");
-  unsetenv("FLASHKDA_SPLIT");
-}
 
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   setenv("FLASHKDA_SPLIT", "1", 1);

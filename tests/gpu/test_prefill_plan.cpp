@@ -150,19 +150,6 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
     EXPECT_EQ(p.split_segments, 12);
     EXPECT_FALSE(p.stitch_rows_wgmma);
   }
-  {  // the wgmma runs' half form: compact, no prep tail; segments by 2 H blocks a run on three a multiprocessor
-    const ScopedEnv env{{"FLASHKDA_SPLIT_LAYOUT", "wgmma-half"}};
-    const PrefillPlan p = plan({65536}, 4);
-    EXPECT_TRUE(p.split_wgmma);
-    EXPECT_TRUE(p.split_compact);
-    EXPECT_EQ(p.split_segments, 17);  // (2S - 1) 8 <= 396 allows 25; 3840 tokens a segment allow 17
-    EXPECT_EQ(p.tail_sms, 0);
-    const ScopedEnv more{{"FLASHKDA_SPLIT_SEGMENTS", "24"}};
-    const PrefillPlan q = plan({32768}, 8);
-    EXPECT_EQ(q.split_segments, 24);
-    EXPECT_TRUE(q.split_compact);
-    EXPECT_EQ(q.tail_sms, 0);
-  }
   for (const int64_t heads : {96, 8}) {  // P1, P7
     const ScopedEnv env{{"FLASHKDA_PREP_TAIL", "0"}};
     const PrefillPlan p = plan({heads == 96 ? 8192 : 32768}, heads);

@@ -91,8 +91,7 @@ int forced_switch(const char* name) {
 //   P8  [65536] x 4:   2.46 2.35 1.98 2.40 2.02  /  2.72 2.08 1.77 1.72 1.54
 //   P11 [131072] x 8:  6.77 7.31 7.06 7.25 7.40  /  6.21 5.85 5.07 6.18 5.42
 // FLASHKDA_SPLIT=0/1 forces the pass off/on (on: any single sequence, S >= 2, for the tests);
-// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..32) and FLASHKDA_SPLIT_LAYOUT=wgmma|wgmma-half|1x4|2x2
-// the runs.
+// FLASHKDA_SPLIT_SEGMENTS=S forces the count (2..32) and FLASHKDA_SPLIT_LAYOUT=wgmma|1x4|2x2 the runs.
 constexpr int64_t kSplitMinTokens = 3840;  // per segment
 constexpr int kSplitMaxSegments = 17;
 constexpr int kSplitMaxForcedSegments = 32;  // FLASHKDA_SPLIT_SEGMENTS (measurements past the rule)
@@ -115,35 +114,28 @@ SplitChoice choose_split(const Problem& p, StateConfig c, int sms) {
   const int forced = forced_switch("FLASHKDA_SPLIT");
   if (forced == 0) return {};
   SplitChoice choice;
-  const char* layout = std::getenv("FLASHKDA_SPLIT_LAYOUT");
-  // wgmma-half: the wgmma runs' compact form, a run's value rows over two one-warpgroup blocks,
-  // three a multiprocessor (state_wgmma_kernel.cu's WgmmaForm; an experiment, forced only).
-  const bool half_runs = layout && std::strcmp(layout, "wgmma-half") == 0;
-  if (layout && !half_runs && std::strcmp(layout, "wgmma") != 0) {
+  if (const char* layout = std::getenv("FLASHKDA_SPLIT_LAYOUT"); layout && std::strcmp(layout, "wgmma") != 0) {
     StateConfig& l = choice.layout;
     if (std::sscanf(layout, "%dx%d", &l.value_slices, &l.key_parts) != 2 ||
         !((l.value_slices == 1 && l.key_parts == 4) || (l.value_slices == 2 && l.key_parts == 2)))
-      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected wgmma, wgmma-half, 1x4 or 2x2, got '", layout,
-           "'");
+      fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_LAYOUT: expected wgmma, 1x4 or 2x2, got '", layout, "'");
     choice.wgmma = false;
   }
   // Blocks of one run: a head a block on wgmma (one a multiprocessor: its 6 stages fill shared
   // memory), else the layout's blocks a head.
   const int64_t blocks = choice.wgmma ? p.H : p.H * (8 / choice.layout.value_slices);
   const int wide = segments_fitting(blocks, sms);
-  const int compact = half_runs ? segments_fitting(2 * blocks, 3 * int64_t{sms})
-                      : choice.wgmma ? 0
-                                     : segments_fitting(blocks, 2 * int64_t{sms});
+  const int compact = choice.wgmma ? 0 : segments_fitting(blocks, 2 * int64_t{sms});
   if (const char* n = std::getenv("FLASHKDA_SPLIT_SEGMENTS")) {
     if (std::sscanf(n, "%d", &choice.segments) != 1 || choice.segments < 2 ||
         choice.segments > kSplitMaxForcedSegments)
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_SEGMENTS: expected 2 to ", kSplitMaxForcedSegments,
            ", got '", n, "'");
-    choice.compact = half_runs || (!choice.wgmma && choice.segments > wide);
+    choice.compact = !choice.wgmma && choice.segments > wide;
     return choice;
   }
   if (forced != 1 && (c.value_slices != 1 || c.key_parts != 4)) return {};  // many heads fill the GPU already
-  choice.compact = half_runs || compact >= 2 * wide;
+  choice.compact = compact >= 2 * wide;
   const int64_t by_length = std::min<int64_t>(kSplitMaxSegments, p.total_tokens / kSplitMinTokens);
   choice.segments = static_cast<int>(std::min<int64_t>(choice.compact ? compact : wide, by_length));
   if (forced == 1) choice.segments = std::max(choice.segments, 2);
@@ -245,8 +237,7 @@ constexpr double kTailRateSplitSafe = 0.94, kTailRateSplitSoftplus = 0.77;  // s
 constexpr double kTailSplitMargin = 0.9;
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
-  // N = 1, V-major, no checkpoints; whole runs (half runs fill every multiprocessor)
-  const bool split = plan.pass == PrefillPlan::Pass::kSplit && plan.split_wgmma && !plan.split_compact;
+  const bool split = plan.pass == PrefillPlan::Pass::kSplit && plan.split_wgmma;  // N = 1, V-major, no checkpoints
   const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && p.N == 1 &&
                         !p.checkpoint_offsets && p.state_layout == StateLayout::kVK;
   if (!(split || per_item) || forced_switch("FLASHKDA_PREP_TAIL") == 0) return;

@@ -61,8 +61,7 @@ struct PrepParams {
 //   S_s = A_s S_{s-1} + B_s   and   out = out_b + out_a S_{s-1} on the rows of segment s.
 struct StateSplit {
   int segments = 0;            // S >= 2; 0: the pass is not split
-  bool compact = false;        // 3-stage blocks, two a multiprocessor (more runs in one wave); on
-                               // wgmma: half runs, a warpgroup a block, three a multiprocessor
+  bool compact = false;        // 3-stage blocks, two a multiprocessor (more runs in one wave)
   float* boundary = nullptr;   // [S - 1][N, H, 128 v, 128 k] S_s^T at the end of segments 0 .. S-2
   float* b_t = nullptr;        // [S - 1][N, H, 128, 128] B_s^T of segments 1 .. S-1
   float* a_t = nullptr;        // [S - 1][N, H, 128 j, 128 k] A_s^T (row j: A_s's column j)

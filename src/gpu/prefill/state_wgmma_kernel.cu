@@ -37,36 +37,20 @@ namespace {
 
 using namespace state_pass;
 
+constexpr int kStages = 6;
+constexpr int kRefillLag = 1;  // steps between a stage's release and its refill
 constexpr uint32_t kWgmmaStageBytes = WgmmaRecord::kBytes + kVRowBytes;  // 31.5 KB
-static_assert(kWgmmaStageBytes % 128 == 0, "stages stay aligned");
+constexpr int kConsumers = 256;                                       // two warpgroups
+constexpr int kThreads = kConsumers;
+constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
+static_assert(kWgmmaStageBytes % 128 == 0 && kSmem <= kMaxBlockSmem, "stages aligned, and within a block's memory");
 
-// The block's form. Whole runs: two warpgroups, a run's 128 value rows, one block a
-// multiprocessor with 6 stages; thread 0 refills the stage every thread released a step before
-// (lag 1: waiting for this step's release held warpgroup 0 until warpgroup 1 finished, 1.23 us a
-// chunk at P1 against 0.99 for the step alone). Half runs (kHalf, the split pass's compact form,
-// StateSplit::compact): one warpgroup, the run's value rows 64 blockIdx.z .. + 63, so that three
-// blocks (three chains' warpgroups) share a multiprocessor where one run's two do: 168 registers
-// (the 65536 of a multiprocessor over 384 threads) and two stages each; with one warpgroup
-// thread 0 refills the stage of the step just done (lag 0), which leaves the copy a step to land.
-template <bool kHalf>
-struct WgmmaForm {
-  static constexpr int kThreads = kHalf ? 128 : 256;  // every thread a consumer
-  static constexpr int kBlocksPerSm = kHalf ? 3 : 1;
-  static constexpr int kStages = kHalf ? 2 : 6;
-  static constexpr int kRefillLag = kHalf ? 0 : 1;  // steps between a stage's release and its refill
-  static constexpr int kSmem = 128 + kStages * kWgmmaStageBytes;
-  static_assert(kBlocksPerSm * (kSmem + 1024) <= kSmemPerSm && kSmem <= kMaxBlockSmem,
-                "the stages of every block a multiprocessor fit its shared memory");
-
-  // kTail: the step whose refill is chunk `tail_fill` (step i refills chunk i - kRefillLag +
-  // kStages), before which thread 0 waits for the tail; 0 where that chunk is among the first
-  // fills, which wait themselves.
-  static constexpr int tail_wait_step(int tail_fill) {
-    return tail_fill >= kStages ? tail_fill - kStages + kRefillLag : 0;
-  }
-};
-static_assert(WgmmaForm<false>::tail_wait_step(5) == 0 && WgmmaForm<false>::tail_wait_step(6) - 1 + 6 == 6 &&
-                  WgmmaForm<false>::tail_wait_step(40) - 1 + 6 == 40 && WgmmaForm<false>::tail_wait_step(6) > 0,
+// kTail: the step whose refill is chunk `tail_fill` (step i refills chunk i - kRefillLag +
+// kStages), before which thread 0 waits for the tail; 0 where that chunk is among the first
+// fills, which wait themselves.
+constexpr int tail_wait_step(int tail_fill) { return tail_fill >= kStages ? tail_fill - kStages + kRefillLag : 0; }
+static_assert(tail_wait_step(kStages - 1) == 0 && tail_wait_step(kStages) - kRefillLag + kStages == kStages &&
+                  tail_wait_step(40) - kRefillLag + kStages == 40 && tail_wait_step(kStages) > 0,
               "the wait comes before the refill of chunk tail_fill, and after step 0");
 
 // kTail: every record of the prep tail written (PrepTail::done counts them after their flags).
@@ -76,12 +60,9 @@ __device__ __forceinline__ void wait_tail_done(const StateParams& p) {
   ptx::fence_proxy_async_global();  // the acquire before the bulk copies' reads of the records
 }
 
-template <bool kSplit, bool kTail = false, bool kHalf = false, typename Form = WgmmaForm<kHalf>>
-__global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
-    state_wgmma_kernel(const __grid_constant__ StateParams p) {
+template <bool kSplit, bool kTail = false>
+__global__ void __launch_bounds__(kThreads, 1) state_wgmma_kernel(const __grid_constant__ StateParams p) {
   static_assert(!kTail || kSplit, "the prep tail runs beside the split pass here");
-  static_assert(!kHalf || (kSplit && !kTail), "half runs: the split pass's compact form, without a prep tail");
-  constexpr int kStages = Form::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
   const int64_t n = blockIdx.x / H;
@@ -108,7 +89,7 @@ __global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
   using Ring = StageRing<kStages>;
   __shared__ uint64_t full[kStages], empty[kStages];
   const Ring ring{full, empty};
-  if (threadIdx.x == 0) ring.init(Form::kThreads);  // every thread releases a stage
+  if (threadIdx.x == 0) ring.init(kConsumers);  // every consumer thread releases a stage
   __syncthreads();
 
   // The A run reads v as zeros: a tile that starts at the problem's end is all padding.
@@ -134,7 +115,7 @@ __global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
     }
   }
 
-  const int vbase = 64 * (kHalf ? static_cast<int>(blockIdx.z) : warp / 4) + 16 * (warp % 4);
+  const int vbase = 64 * (warp / 4) + 16 * (warp % 4);
   const int64_t state_row0 = (n * H + h) * static_cast<int64_t>(kHeadDim) + vbase;  // the split buffers'
   float acc[kNTiles][4];
   // C order: wgmma's accumulator holds C fragments.
@@ -156,8 +137,10 @@ __global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
         wgmma_chunk_step(s_acc, smem + at.stage * kWgmmaStageBytes, vbase, lane, out_head + int64_t{c} * kChunk * out_row_stride,
                          static_cast<int>(left < kChunk ? left : kChunk), out_row_stride);
         ring.release(at);  // this thread's reads of the stage are done
-        // Thread 0 refills the stage of chunk i - kRefillLag (WgmmaForm).
-        if (const int done = i - Form::kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < chunks) {
+        // Thread 0 refills the stage of the previous chunk, which every thread released a step ago:
+        // waiting for this chunk's stage instead held warpgroup 0 until warpgroup 1 finished the
+        // step (1.23 us a chunk at P1 against 0.99 for the step alone).
+        if (const int done = i - kRefillLag; threadIdx.x == 0 && done >= 0 && done + kStages < chunks) {
           ring.wait_empty(Ring::Cursor::of_fill(done + kStages));  // every thread released chunk done's reads
           fill(done + kStages);
         }
@@ -167,7 +150,7 @@ __global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
     // kTail: the steps up to the one that refills chunk tail_fill, thread 0's wait, the rest. A
     // test in every refill instead made the step loop 13 instructions longer, and the kernel 8 us
     // slower than the split kernel without a tail (ncu at P7, every flag set).
-    const int wait_step = kTail ? Form::tail_wait_step(tail_fill) : 0;
+    const int wait_step = kTail ? tail_wait_step(tail_fill) : 0;
     if (wait_step > 0) {
       steps(0, wait_step);
       if (threadIdx.x == 0) wait_tail_done(p);
@@ -186,33 +169,23 @@ __global__ void __launch_bounds__(Form::kThreads, Form::kBlocksPerSm)
   if constexpr (kTail) ptx::griddep_wait();  // the work after the call finds the prep grids done
 }
 
-template <bool kSplit, bool kTail, bool kHalf>
-void launch_form(const StateParams& p, cudaStream_t stream) {
-  using Form = WgmmaForm<kHalf>;
-  const auto kernel = state_wgmma_kernel<kSplit, kTail, kHalf>;
-  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
-  raised.run("wgmma state kernel: setting its shared memory size", [&] {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Form::kSmem);
-  });
-  const int64_t blocks = p.seqs.num_seqs * p.num_heads;
-  if (blocks == 0) return;
-  const dim3 grid(static_cast<unsigned>(blocks), kSplit ? 2 * p.split.segments - 1 : 1, kHalf ? 2 : 1);
-  // Beside a prep tail: programmatically after the tail's grid (each tail block lets it at its start).
-  launch_kernel(kernel, grid, dim3(Form::kThreads), Form::kSmem, stream, kTail || p.after_prep, "wgmma state kernel", p);
-}
-
 }  // namespace
 
 void launch_state_wgmma(const StateParams& p, cudaStream_t stream) {
   if (p.checkpoints.count > 0 || p.k_major || p.item_counter)
     fail(ErrorCode::kInternal, "wgmma state kernel: V-major, no checkpoints, not persistent only");
-  const bool split = p.split.segments > 0, tail = p.ready != nullptr, half = split && p.split.compact;
-  if (tail && (!split || half))
-    fail(ErrorCode::kInternal, "wgmma state kernel: a prep tail beside the split pass's whole runs only");
-  if (half) launch_form<true, false, true>(p, stream);
-  else if (tail) launch_form<true, true, false>(p, stream);
-  else if (split) launch_form<true, false, false>(p, stream);
-  else launch_form<false, false, false>(p, stream);
+  const bool split = p.split.segments > 0, tail = p.ready != nullptr;
+  if (tail && !split) fail(ErrorCode::kInternal, "wgmma state kernel: a prep tail beside the split pass only");
+  const auto kernel = tail ? state_wgmma_kernel<true, true> : split ? state_wgmma_kernel<true> : state_wgmma_kernel<false>;
+  static PerDeviceOnce raised[3];  // the shared-memory limit, raised once per device the caller uses
+  raised[split + tail].run("wgmma state kernel: setting its shared memory size", [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  const int64_t blocks = p.seqs.num_seqs * p.num_heads;
+  if (blocks == 0) return;
+  const dim3 grid(static_cast<unsigned>(blocks), split ? 2 * p.split.segments - 1 : 1);
+  // Beside a prep tail: programmatically after the tail's grid (each tail block lets it at its start).
+  launch_kernel(kernel, grid, dim3(kThreads), kSmem, stream, tail || p.after_prep, "wgmma state kernel", p);
 }
 
 }  // namespace flashkda::gpu
