@@ -1,10 +1,9 @@
 // The chunk step of the wgmma state pass (state_wgmma_kernel.cu), on one warpgroup's 64 value
 // rows: shared by the kernel and tests/gpu/test_wgmma_step_gpu.cu, which runs it alone.
-//   group 1: X^T = S^T Wk^T (m64n16k8 x 16)
+//   group 1: [X^T | O^T] = S^T [Wk | Qe]^T (m64n32k8 x 16: one product a k-step for both)
 //   group 2: WV^T = V^T (W_hi + W_lo)^T (m64n16k8 x 4), issued while group 1 runs
-//   group 3: O^T = S^T Qe^T (m64n16k8 x 16), still running while U^T is formed
-//   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 3 has read S^T
-//   groups 4, 5: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
+//   U^T = tf32(WV^T - X^T); S^T *= Diag(exp(G_C)) once group 1 has read S^T
+//   groups 3, 4: O^T += WV^T M^T (x 2), S^T += U^T Kr (m64n128k8 x 2)
 // What ptxas needs to keep the wgmmas pipelined (found with -Xptxas -v, see docs/perf-notes.md):
 // each accumulator's products in a group of their own; the A operand taken from WV^T's
 // accumulator copied into registers of its own (one add); S^T's A fragments left unpinned; no
@@ -49,7 +48,8 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   const int g = lane >> 2, t4 = lane & 3;
   const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kBytes);  // [kTokens][kVRowStride]
   const uint64_t rec_desc = tile_desc(rec);
-  float x[kHalf] = {}, oq[kHalf] = {}, wv[kHalf] = {};  // X^T, S^T Qe^T, WV^T
+  // xo: X^T in n-blocks 0 .. kSteps - 1 (the tokens), O^T in the next kSteps
+  float xo[kTokens] = {}, wv[kHalf] = {};
   uint32_t as[16][4], av[kSteps][4];  // S^T's A fragments by k-step; V^T's: (v row, token 8 st + t4 (+4))
 #pragma unroll
   for (int st = 0; st < 16; ++st) a_from_d(s, st, as[st]);
@@ -65,13 +65,12 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) ptx::fence_operands(av[st]);
-  ptx::fence_operands(x);
+  ptx::fence_operands(xo);
   ptx::fence_operands(wv);
-  ptx::fence_operands(oq);
   ptx::wgmma_fence();
-  // X^T alone first, the chain's path (U^T waits on it), O^T after WV^T, off that path
 #pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<kTokens>(x, as[st], tile_desc(rec_desc, Record::wk(0, 8 * st)), st > 0);
+  for (int st = 0; st < 16; ++st)
+    ptx::wgmma_tf32<2 * kTokens>(xo, as[st], tile_desc(rec_desc, Record::kWkQe + Record::kPairTile * st), st > 0);
   ptx::wgmma_commit();
   ptx::fence_operands(wv);
   ptx::wgmma_fence();
@@ -81,18 +80,14 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     ptx::wgmma_tf32<kTokens>(wv, av[st], tile_desc(rec_desc, Record::w(1, 0, 8 * st)), true);
   }
   ptx::wgmma_commit();
-  ptx::fence_operands(oq);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < 16; ++st) ptx::wgmma_tf32<kTokens>(oq, as[st], tile_desc(rec_desc, Record::qe(0, 8 * st)), st > 0);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<1>();  // X and WV done; O may still read S^T
-  ptx::fence_operands(x);
+  ptx::wgmma_wait<0>();  // X, O (which read S^T) and WV done
+  ptx::fence_operands(xo);
   ptx::fence_operands(wv);
+  ptx::fence_operands(s);
 
   float u[kHalf];
 #pragma unroll
-  for (int i = 0; i < kHalf; ++i) u[i] = ptx::tf32_operand(wv[i] - x[i]);  // U^T, rounded as the 8x1 step's
+  for (int i = 0; i < kHalf; ++i) u[i] = ptx::tf32_operand(wv[i] - xo[i]);  // U^T, rounded as the 8x1 step's
   uint32_t aw[kSteps][4], au[kSteps][4];
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
@@ -103,9 +98,6 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     ptx::fence_operands(aw[st]);
     ptx::fence_operands(au[st]);
   }
-  ptx::wgmma_wait<0>();  // O done with S^T
-  ptx::fence_operands(oq);
-  ptx::fence_operands(s);
   const float* decay = reinterpret_cast<const float*>(rec + Record::kDecay);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {  // S^T Diag(exp(G_C)): columns 8 j + 2 t4 (+1)
@@ -130,7 +122,7 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
   ptx::fence_operands(s);
   ptx::fence_operands(o);
 #pragma unroll
-  for (int i = 0; i < kHalf; ++i) o[i] += oq[i];  // O^T = S^T Qe^T + WV^T M^T
+  for (int i = 0; i < kHalf; ++i) o[i] += xo[kHalf + i];  // O^T = S^T Qe^T + WV^T M^T
 
   // O^T: this warp's 16 value rows of the m64n(kTokens) accumulator, kSteps C fragments
   store_out_rows(reinterpret_cast<const float(&)[kSteps][4]>(o), vbase, lane, out_chunk, count, out_row_stride);
