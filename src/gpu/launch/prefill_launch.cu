@@ -230,8 +230,8 @@ bool orders_sequences(const Problem& p) {
 // multiprocessors), the chain step t ~1.33 (256 steps in 340 us): t / r = 0.94 (softplus, its
 // prep 1.22x slower: 0.77); P7, P11: x = 0.176, f = 0.135. Measured against forced shares at
 // cd2ebb2 (two runs each): P7 0.653 at 0.135, 0.659 at 0.10, 0.707 at 0.17, 0.772 at 0.20; P11
-// 2.41 at 0.135, 2.43-2.51 at 0.10, 2.61 at 0.17 (the tail late past the rule's share costs the
-// runs a wait each). FLASHKDA_PREP_TAIL=0 turns it off;
+// 2.402 / 2.422 at 0.135, 2.425 / 2.507 at 0.10, 2.61 at 0.17 (a larger tail is not done when
+// the runs reach it, and they wait). FLASHKDA_PREP_TAIL=0 turns it off;
 // FLASHKDA_PREP_TAIL_SHARE=x sets the share (tests, measurements).
 constexpr int kMinTailSms = 8;
 constexpr int64_t kMinTailChunks = 64;
