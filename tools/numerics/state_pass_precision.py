@@ -107,6 +107,12 @@ def chunked(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, variant):
             krh = bf16(kr)
             krl = bf16(kr - krh)
             OT, upd = P + bf16(WV.T) @ Mr.T, uh @ krh + ul @ krh + uh @ krl
+        elif variant == "fp16":  # m16n8k16 f16 MMAs: S, U and every record operand rounded to fp16
+            Wk, Qe, Kr, Mr = fp16(Wk), fp16(Qe), fp16(kr), tf32_round(M)
+            S = fp16(ST)
+            X, P = S @ Wk.T, S @ Qe.T
+            UT = WV.T - X
+            OT, upd = P + tf32_trunc(WV.T) @ Mr.T, fp16(UT) @ Kr
         else:  # tf32, tf32-qk16
             Wk, Qe, Kr, Mr = tf32_round(Wk), tf32_round(Qe), tf32_round(kr), tf32_round(M)
             if variant == "tf32-qk16":
@@ -128,13 +134,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--variants", default="bf16,bf16-split,tf32,tf32-qk16,tf32-q16,fp16-wk-kr")
+    ap.add_argument("--variants", default="bf16,bf16-split,tf32,tf32-qk16,tf32-q16,fp16-wk-kr,fp16")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     T, K = args.tokens, 128
     print(f"{'case':28s} {'variant':11s} {'out rel':>9s} {'state rel':>9s}")
-    for g_name, s0_scale in [("g ~ N(0,1)", 1.0), ("g = -8 (little decay)", 1.0), ("g = -8, |S0| ~ 1e3", 1e3)]:
+    cases = [("g ~ N(0,1)", 1.0, 1.0), ("g = -8 (little decay)", 1.0, 1.0), ("g = -8, |S0| ~ 1e3", 1e3, 1.0),
+             ("g = -8, |S0| ~ 1e4", 1e4, 1.0), ("g = -8, |v|, |S0| ~ 1e-5", 1e-5, 1e-5)]
+    for g_name, s0_scale, v_scale in cases:
         q, k, v = (bf16(rng.standard_normal((T, K))) for _ in range(3))
+        v = bf16(v * v_scale)
         g = bf16(np.full((T, K), -8.0) if "-8" in g_name else rng.standard_normal((T, K)))
         beta = bf16(rng.standard_normal(T))
         A_log, dt_bias = np.float32(rng.uniform(0, 1)), rng.uniform(0, 1, K).astype(np.float32)
