@@ -20,6 +20,8 @@ Variants (rounding applied where the GPU would round; the state stays fp32 betwe
                |Kr| <= 1 (normalised k, decays <= 1) and |Wk| <= 2^15 (|L| <= 1, so
                |(I + L)^-1| <= 2^(i-j-1)), under fp16's 65504; below 2^-14 fp16 is subnormal,
                an absolute error of at most 2^-25
+  fp16         m16n8k16 f16 MMAs in the state step: S, U, Wk, Qe, Kr all rounded to fp16.
+               Unlike the records, S and U have no bound: fp16's range limits them
 Output and final state are rounded to bf16 at the end, as the kernel stores them.
 """
 import argparse
@@ -107,24 +109,22 @@ def chunked(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, variant):
             krh = bf16(kr)
             krl = bf16(kr - krh)
             OT, upd = P + bf16(WV.T) @ Mr.T, uh @ krh + ul @ krh + uh @ krl
-        elif variant == "fp16":  # m16n8k16 f16 MMAs: S, U and every record operand rounded to fp16
-            Wk, Qe, Kr, Mr = fp16(Wk), fp16(Qe), fp16(kr), tf32_round(M)
-            S = fp16(ST)
-            X, P = S @ Wk.T, S @ Qe.T
-            UT = WV.T - X
-            OT, upd = P + tf32_trunc(WV.T) @ Mr.T, fp16(UT) @ Kr
-        else:  # tf32, tf32-qk16
+        else:  # tf32 and the variants that store some record operands in 16 bits
             Wk, Qe, Kr, Mr = tf32_round(Wk), tf32_round(Qe), tf32_round(kr), tf32_round(M)
+            round_s, round_u = tf32_trunc, tf32_round  # what the tf32 MMAs do to S and U
             if variant == "tf32-qk16":
                 Qe, Kr = bf16(Qe), bf16(kr)
             elif variant == "tf32-q16":
                 Qe = bf16(Qe)
             elif variant == "fp16-wk-kr":
                 Qe, Wk, Kr = bf16(Qe), fp16(Wk), fp16(kr)
-            S = tf32_trunc(ST)
+            elif variant == "fp16":
+                Qe, Wk, Kr = fp16(Qe), fp16(Wk), fp16(kr)
+                round_s = round_u = fp16
+            S = round_s(ST)
             X, P = S @ Wk.T, S @ Qe.T
             UT = WV.T - X
-            OT, upd = P + tf32_trunc(WV.T) @ Mr.T, tf32_round(UT) @ Kr
+            OT, upd = P + tf32_trunc(WV.T) @ Mr.T, round_u(UT) @ Kr
         ST = ST * np.exp(G[-1])[None, :] + upd
         out[c0:c0 + n] = bf16(OT.T[:n])
     return out, bf16(ST)
@@ -140,7 +140,8 @@ def main():
     T, K = args.tokens, 128
     print(f"{'case':28s} {'variant':11s} {'out rel':>9s} {'state rel':>9s}")
     cases = [("g ~ N(0,1)", 1.0, 1.0), ("g = -8 (little decay)", 1.0, 1.0), ("g = -8, |S0| ~ 1e3", 1e3, 1.0),
-             ("g = -8, |S0| ~ 1e4", 1e4, 1.0), ("g = -8, |v|, |S0| ~ 1e-5", 1e-5, 1e-5)]
+             ("g = -8, |S0| ~ 1e4", 1e4, 1.0), ("g = -8, |S0| ~ 1e5", 1e5, 1.0),
+             ("g = -8, |v|, |S0| ~ 1e-5", 1e-5, 1e-5)]
     for g_name, s0_scale, v_scale in cases:
         q, k, v = (bf16(rng.standard_normal((T, K))) for _ in range(3))
         v = bf16(v * v_scale)
@@ -150,7 +151,8 @@ def main():
         S0 = bf16(rng.standard_normal((K, K)) * s0_scale)
         ro, rs = oracle(q, k, v, g, beta, A_log, dt_bias, -5.0, K ** -0.5, S0)
         for variant in args.variants.split(","):
-            o, s = chunked(q, k, v, g, beta, A_log, dt_bias, -5.0, np.float32(K ** -0.5), S0, variant)
+            with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflows at |S0| ~ 1e5: NaN is the answer
+                o, s = chunked(q, k, v, g, beta, A_log, dt_bias, -5.0, np.float32(K ** -0.5), S0, variant)
             e_out = np.linalg.norm(o - ro) / np.linalg.norm(ro)
             e_state = np.linalg.norm(s - rs) / np.linalg.norm(rs)
             print(f"{g_name:28s} {variant:11s} {e_out:9.2e} {e_state:9.2e}", flush=True)
