@@ -196,6 +196,42 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
   return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
 }
 
+// (W V)^T = V^T W^T as C fragments (rows v = vbase + g (+ 8), columns tokens): A = V^T from the
+// chunk's v rows after the record (bf16, exact in tf32; rows past the sequence end are not loaded
+// and read as 0), B = W^T with W split hi + lo (the mma truncates lo to tf32: W V keeps ~21
+// bits). m_offsets: LaneOffsets::m. Record: where the stage's W and v rows lie.
+template <typename Record>
+__device__ __forceinline__ void form_wv(const uint8_t* rec, const uint32_t (&m_offsets)[2], int vbase, int lane,
+                                        int count, float (&wv)[2][4]) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wv[nt][i] = 0.0f;
+  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + Record::kBytes);  // [16][kVRowStride]
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    const int tok = kt * 8 + 2 * t4;
+    uint32_t a[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool live = tok + e < count;
+      const int v = vbase + g;
+      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
+      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
+      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
+      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 w = load_pair(rec + Record::kW + m_offsets[kt] + 512 * nt);
+      const float hi_x = ptx::tf32_high_part(w.x), hi_y = ptx::tf32_high_part(w.y);
+      ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
+      ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
+    }
+  }
+}
+
 // A warp's O^T fragments (rows v = vbase .. + 15, columns tokens 8 nt ..: C fragments) into the
 // chunk's out rows from out_chunk, the first `count` tokens: bf16 transposed in registers to
 // (token, v pair) stores, or (OutT float, the split pass's partial rows) fp32 straight from the
@@ -237,7 +273,6 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
                                            int vbase, int kpart, int lane, SliceExchange<KS>* exchange,
                                            int barrier_id, OutT* out_chunk, int count, int64_t out_row_stride) {
   constexpr int kTiles = kNTiles / KS;
-  const int g = lane >> 2, t4 = lane & 3;
 
   // Partial X^T = S^T Wk^T and P = S^T Qe^T over this warp's key channels. A k-tile is one
   // n-tile (8 channels) of S^T. Two accumulators per product and n-tile (four independent mma
@@ -300,33 +335,10 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
     }
   }
 
-  // (W V)^T = V^T W^T as C fragments (rows v, columns tokens): A = V^T from the chunk's v rows
-  // (bf16, exact in tf32; rows past the sequence end are not loaded and read as 0), B = W^T with
-  // W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). Then U^T = (W V)^T -
-  // X^T, rounded to tf32 as the A fragments (k = tokens) of the state update.
-  float wv[2][4] = {};
-  const uint16_t* v_rows = reinterpret_cast<const uint16_t*>(rec + ChunkRecord::kBytes);  // [16][kVRowStride]
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    const int tok = kt * 8 + 2 * t4;
-    uint32_t a[4];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const bool live = tok + e < count;
-      const int v = vbase + g;
-      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
-      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
-      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
-      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float2 w = load_pair(rec + ChunkRecord::kW + o.m[kt] + 512 * nt);
-      const float hi_x = ptx::tf32_high_part(w.x), hi_y = ptx::tf32_high_part(w.y);
-      ptx::mma_tf32_1688(wv[nt], a, hi_x, hi_y);
-      ptx::mma_tf32_1688(wv[nt], a, w.x - hi_x, w.y - hi_y);
-    }
-  }
+  // (W V)^T, then U^T = (W V)^T - X^T, rounded to tf32 as the A fragments (k = tokens) of the
+  // state update.
+  float wv[2][4];
+  form_wv<ChunkRecord>(rec, o.m, vbase, lane, count, wv);
   uint32_t ua[2][4];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
