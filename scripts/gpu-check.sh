@@ -2,17 +2,19 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring f16step
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PROFILE_DRAM=1  the profile step also reads each kernel's device-memory bytes (read, written)
 #   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
 #                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py)
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
-#                (and dir/record_ring_probe for the ring step)
+#                (and dir/record_ring_probe for the ring step, dir/f16_step_probe for f16step)
 #   ring step (not a default one): the record-ring probe (tools/probes/record_ring_probe.cu) under ncu
 #                on P1, P3, P9 shapes, plain workspace and records on a 24 MB ring (RING_MB): kernel times and
 #                DRAM bytes, to the summary
+#   f16step step (not a default one): tools/probes/f16_step_probe.cu, the fp16 chunk step against the
+#                tf32 one on one chunk (a time a step at 132 and 264 blocks, both forms against fp64), to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_STATE_PDL=0 FLASHKDA_SPLIT=0,FLASHKDA_PERSISTENT=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved;
@@ -96,6 +98,12 @@ for step in $steps; do
       # calls keep the mma.sync passes), and its step prototype (fp64 check, then a time a step).
       run_step "tests pools+strided, wgmma" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_WGMMA=1 \
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
+      # The fp16 step (FLASHKDA_STATE_F16=1) on the same suites, per item and persistent (checkpoint
+      # and K-major calls keep the tf32 step).
+      for pass in FLASHKDA_PERSISTENT=0 FLASHKDA_PERSISTENT=1; do
+        run_step "tests pools+strided, f16 $pass" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_F16=1 $pass \
+          "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
+      done
       [ -x "$TEST_DIR/test_wgmma_step_gpu" ] && run_step "tests wgmma step prototype" "$OUT/gpu-tests.log" 60 \
         "$TEST_DIR/test_wgmma_step_gpu"
 
@@ -104,7 +112,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         run_step "sanitizer $tool (prefill)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefill.SmallPrepTail:GpuPrefill.SmallStitchExperiments:GpuPrefillWgmma.*:Segments/GpuPrefillSplitSegments.MatchesOracle/0:Segments/GpuPrefillSplitSegments.MatchesOracle/3'
+          "$TEST_DIR/test_prefill_gpu" --gtest_filter='GpuPrefill.SmallVarlenWithStates:Layouts/GpuPrefillLayout.*:Lengths/GpuPrefillSplit.MatchesOracle/3:GpuPrefillPersistent.ManyTinyItems:GpuPrefillPersistent.EdgeLengthsEveryStateForm:GpuPrefillPersistent.LongestFirstOrderAndBeyondItsBound:GpuPrefill.SoftplusGateEveryStatePass:GpuPrefill.SmallPrepTail:GpuPrefill.SmallStitchExperiments:GpuPrefillWgmma.*:Passes/GpuPrefillF16.EdgeLengthsEveryStateForm/*:Segments/GpuPrefillSplitSegments.MatchesOracle/0:Segments/GpuPrefillSplitSegments.MatchesOracle/3'
         run_step "sanitizer $tool (decode)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$TEST_DIR/test_decode_gpu" --gtest_filter='Tokens/GpuDecodeTokens.MatchesOracle/0:Tokens/GpuDecodeTokens.MatchesOracle/3:GpuDecode.*:PoolDtypes/GpuDecodeGraph.*:PoolForms/GpuDecodePools.*/bf16_VK:PoolForms/GpuDecodePools.*/fp32_KV'
         run_step "sanitizer $tool (serving)" "$OUT/gpu-tests.log" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
@@ -176,6 +184,12 @@ for step in $steps; do
           python3 scripts/kernel_times.py "$label $mode" "$OUT/ncu-ring.csv" | tee -a "$summary"
           rm -f "$OUT/ncu-ring.csv"
         done
+      done
+      ;;
+    f16step)  # tools/probes/f16_step_probe.cu: the fp16 step against the tf32 one, time and accuracy
+      probe=$([ -n "${PREBUILT:-}" ] && echo "$PREBUILT/f16_step_probe" || echo "$BUILD/tools/probes/f16_step_probe")
+      for shape in "132 2048" "264 1024"; do
+        run_step "f16 step probe $shape" "$summary" 60 "$probe" $shape
       done
       ;;
     stalls)  # where one kernel's warps stall, per SASS instruction (ncu's source page, one launch)

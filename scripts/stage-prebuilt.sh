@@ -15,7 +15,9 @@ dest=${2:-build-gpu-prebuilt}
 rm -rf "$dest"
 mkdir -p "$dest"
 cp "$build"/tests/gpu/test_*_gpu "$build"/tools/flashkda/flashkda "$dest"/
-[ -x "$build/tools/probes/record_ring_probe" ] && cp "$build/tools/probes/record_ring_probe" "$dest"/
+for probe in record_ring_probe f16_step_probe; do
+  [ -x "$build/tools/probes/$probe" ] && cp "$build/tools/probes/$probe" "$dest"/
+done
 if [ -n "${3:-}" ]; then
   mkdir -p "$dest/base"
   cp "$3" "$dest/base/flashkda"

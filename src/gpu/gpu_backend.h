@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/problem.h"
+#include "gpu/prefill/record_form.h"
 
 namespace flashkda::gpu {
 
@@ -66,6 +67,10 @@ struct PrefillPlan {
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;
+  // The 8x1 passes (per item, with or without the prep tail, and persistent) on the fp16 step
+  // (F16Records, state_step_f16.cuh) where the call takes no checkpoints and V-major states:
+  // FLASHKDA_STATE_F16=1 only, an experiment until it is measured.
+  bool state_f16 = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets),
   // then the prep tail's hand-off (tail_offset()).
@@ -75,6 +80,8 @@ struct PrefillPlan {
 
   // The records in WgmmaRecord's layout (the wgmma state pass reads them), else ChunkRecord's.
   bool wgmma_records() const { return pass == Pass::kWgmma || split_wgmma; }
+  // The layout the prep kernel writes and the state pass reads.
+  RecordForm records() const { return wgmma_records() ? RecordForm::kWgmma : state_f16 ? RecordForm::kF16 : RecordForm::kTf32; }
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;

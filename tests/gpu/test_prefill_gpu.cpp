@@ -408,6 +408,78 @@ TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
   expect_matches_oracle(kimi_softplus(host, 607));
 }
 
+// The fp16 step (state_step_f16.cuh, F16Records), forced by FLASHKDA_STATE_F16=1 on the 8x1
+// passes that take it: per item (FLASHKDA_STATE_CONFIG=8x1) and persistent (FLASHKDA_PERSISTENT=1).
+// Every state row carries a power-of-two scale that a warp rescales where a row's bound or its
+// update leaves [2^-6, 2^14]: the large states, |v| ~ 1e4 and |v| ~ 1e-4 cases take that branch
+// from both sides (relative error is scale-free: the bar is the same).
+void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share);  // below
+
+class GpuPrefillF16 : public GpuPrefillForced, public ::testing::WithParamInterface<const char*> {
+ protected:
+  GpuPrefillF16() : GpuPrefillForced("FLASHKDA_STATE_F16") {}
+  bool persistent() const { return std::string(GetParam()) == "persistent"; }
+  void SetUp() override {
+    GpuPrefillForced::SetUp();
+    if (persistent()) setenv("FLASHKDA_PERSISTENT", "1", 1);
+    else setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_PERSISTENT");
+    unsetenv("FLASHKDA_STATE_CONFIG");
+    GpuPrefillForced::TearDown();
+  }
+};
+
+// v times a power of two (exact in bf16 while in range).
+RandomProblem& scale_values(RandomProblem& host, float factor) {
+  for (uint16_t& x : host.v) x = float_to_bf16(bf16_to_float(x) * factor);
+  return host;
+}
+
+TEST_P(GpuPrefillF16, EdgeLengthsEveryStateForm) { expect_edge_lengths_every_state_form(620); }
+
+TEST_P(GpuPrefillF16, LongSequencesLargeStatesAndTheSoftplusGate) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 624));
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (const float gc : {-8.0f, 0.0f}) {  // large states that little (or no) decay keeps
+      ProblemSpec large = packed({700, 33}, 2, 625);
+      large.init = InitState::kLarge;
+      large.init_dtype = large.final_dtype = dtype;
+      large.g_input = GateInput::kConstant;
+      large.g_const = gc;
+      expect_matches_oracle(large);
+    }
+  ProblemSpec spec = packed({300, 0, 17, 1, 64}, 3, 626);
+  spec.gate = Gate::kSoftplus;
+  RandomProblem host(spec);
+  expect_matches_oracle(kimi_softplus(host, 627));
+}
+
+TEST_P(GpuPrefillF16, LargeAndSmallValuesTakeTheRescale) {
+  for (const float factor : {8192.0f, 1.0f / 16384.0f}) {
+    SCOPED_TRACE("v x " + std::to_string(factor));
+    for (const InitState init : {InitState::kNone, InitState::kNormal}) {
+      ProblemSpec spec = packed({1000, 17, 300}, 2, factor > 1.0f ? 628 : 629);
+      spec.init = init;
+      spec.init_dtype = spec.final_dtype = DType::kF32;
+      RandomProblem host(spec);
+      expect_matches_oracle(scale_values(host, factor));
+    }
+  }
+}
+
+// The prep tail (one sequence, the per-item 8x1 pass) writes F16Records as the prep grid does.
+TEST_P(GpuPrefillF16, PrepTailMatchesOnePrepGridBitForBit) {
+  if (persistent()) GTEST_SKIP() << "the prep tail runs beside the per-item pass only";
+  expect_prep_tail_bit_for_bit(3000, 6, 630, "0.2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Passes, GpuPrefillF16, ::testing::Values("per-item", "persistent"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "persistent" ? "Persistent" : "PerItem";
+                         });
+
 // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:
 // the records, and so every output, stay bit for bit those of the unpadded launch.
 TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {

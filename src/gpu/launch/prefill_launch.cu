@@ -292,6 +292,15 @@ bool use_wgmma(const Problem& p) {
   return forced_switch("FLASHKDA_STATE_WGMMA") == 1 && p.state_layout == StateLayout::kVK && !p.checkpoint_offsets;
 }
 
+// The fp16 step (state_step_f16.cuh; docs/perf-notes.md, "fp16 as the state step's MMA type"):
+// only when FLASHKDA_STATE_F16=1 forces it, on the 8x1 passes without checkpoints or K-major states
+// (the serving kernels keep the tf32 step).
+bool use_f16_step(const Problem& p, const PrefillPlan& plan, StateConfig c) {
+  if (forced_switch("FLASHKDA_STATE_F16") != 1 || p.checkpoint_offsets || p.state_layout != StateLayout::kVK) return false;
+  return plan.pass == PrefillPlan::Pass::kPersistent ||
+         (plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && c.key_parts == 1);
+}
+
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
 void check_limits(const Problem& p) {
   if (p.total_tokens > INT32_MAX)
@@ -334,8 +343,8 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
 
-  const size_t record = plan.wgmma_records() ? WgmmaRecord::kBytes : ChunkRecord::kBytes;
-  plan.record_bytes = static_cast<size_t>(slots * p.H) * record;
+  plan.state_f16 = use_f16_step(p, plan, c);
+  plan.record_bytes = static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
   // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
@@ -374,7 +383,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                          g = activation_view(p.g, p.g_rows, p, p.K);
     PrepParams prep{q, k, g, q.same_strides(k) && q.same_strides(g), activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias,
                     p.lower_bound, p.gate == Gate::kSoftplus, p.scale, static_cast<int>(p.H), seqs, records, counter};
-    prep.wgmma_record = plan.wgmma_records();
+    prep.record_form = plan.records();
     prep.seq_order = order;
     prep.blocks_per_sm = plan.prep_blocks_per_sm;
     if (plan.tail_sms > 0) {  // the chunks before the tail's, then the tail's grid (zeroed hand-off first)
@@ -401,6 +410,7 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
                     p.out};
   state.k_major = p.state_layout == StateLayout::kKV;
   state.after_prep = plan.state_after_prep;
+  state.f16_records = plan.state_f16;
   if (plan.pass == PrefillPlan::Pass::kWgmma) {
     launch_state_wgmma(state, stream);
     return;

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "gpu/prefill/record_form.h"
+
 namespace flashkda::gpu {
 
 constexpr int kChunk = 16;     // tokens per chunk
@@ -43,6 +45,34 @@ struct ChunkRecord {
 };
 static_assert(ChunkRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
 static_assert(ChunkRecord::kQe == 8192 && ChunkRecord::kBytes == 23040, "the K = V = 128 record the kernels read");
+
+// The record of the fp16 state step (state_step_f16.cuh; docs/perf-notes.md, "fp16 as the state
+// step's MMA type"): Wk, Qe and Kr as m16n8k16 B fragments (mma.cuh), one 8-byte entry a lane.
+//   Wk, Qe  [2 token n-tiles nt][8 channel k-tiles j][32 lanes]: lane (g, t4) holds channels
+//           16 j + 2 t4, + 1 (low word) and 16 j + 2 t4 + 8, + 9 (high word) of token 8 nt + g
+//   Kr      [16 channel n-tiles nl][32 lanes]: tokens 2 t4, + 1 (low) and 2 t4 + 8, + 9 (high) of
+//           channel 8 nl + g
+// W, M and exp(G_C) as in ChunkRecord. fp16 holds Wk (|Wk| <= 2^15), Kr (<= 1) and Qe with
+// tf32's 11 significant bits; the state's range is the step's business (a scale a row).
+struct F16Record {
+  static constexpr uint32_t kWk = 0;
+  static constexpr uint32_t kQe = kWk + kChunk * kHeadDim * 2;
+  static constexpr uint32_t kKr = kQe + kChunk * kHeadDim * 2;
+  static constexpr uint32_t kW = kKr + kHeadDim * kChunk * 2;
+  static constexpr uint32_t kM = kW + kChunk * kChunk * 4;
+  static constexpr uint32_t kDecay = kM + kChunk * kChunk * 4;
+  static constexpr uint32_t kBytes = kDecay + kHeadDim * 4;
+  // Where prep's pair of an mma C fragment goes (n-tile `ntile` of 8 channels, token half r):
+  // word ntile & 1 of entry (r, ntile / 2, lane), for Wk at kWk and Qe at kQe.
+  __host__ __device__ static constexpr uint32_t pair(uint32_t field, int ntile, int r, int lane) {
+    return field + static_cast<uint32_t>(((r * 8 + ntile / 2) * 32 + lane) * 8 + (ntile & 1) * 4);
+  }
+  // Channel c's 16 tokens of Kr: the 32 bytes of lanes 4 (c % 8) .. + 3 of n-tile c / 8.
+  __host__ __device__ static constexpr uint32_t kr_channel(int c) {
+    return kKr + static_cast<uint32_t>(((c / 8) * 32 + 4 * (c % 8)) * 8);
+  }
+};
+static_assert(F16Record::kBytes % 128 == 0 && F16Record::kBytes == 14848, "the 14.5 KB record");
 
 // Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field (rows x 8 slots).
 __host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
@@ -128,6 +158,23 @@ constexpr bool pair_offsets_agree() {
 static_assert(pair_offsets_agree<16>() && pair_offsets_agree<32>(), "the lane offsets are wk's, qe's and kr's");
 using WgmmaRecord = WgmmaRecordOf<kChunk>;
 static_assert(WgmmaRecord::kBytes % 128 == 0, "a multiple of 128 bytes: the stages stay aligned");
+
+// The record type of each form, and its size.
+template <RecordForm F>
+struct RecordOf {
+  using type = ChunkRecord;
+};
+template <>
+struct RecordOf<RecordForm::kWgmma> {
+  using type = WgmmaRecord;
+};
+template <>
+struct RecordOf<RecordForm::kF16> {
+  using type = F16Record;
+};
+__host__ __device__ constexpr uint32_t record_bytes(RecordForm f) {
+  return f == RecordForm::kWgmma ? WgmmaRecord::kBytes : f == RecordForm::kF16 ? F16Record::kBytes : ChunkRecord::kBytes;
+}
 static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");
 static_assert(WgmmaRecordOf<32>::kBytes % 128 == 0 && WgmmaRecordOf<32>::kBytes == 61952, "the 32-token record");
 

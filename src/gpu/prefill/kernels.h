@@ -42,14 +42,14 @@ struct PrepParams {
   float scale;
   int num_heads;
   SequenceTable seqs;
-  uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (WgmmaRecord::kBytes with wgmma_record)
+  uint8_t* records;      // [slots, H, record_bytes(record_form)]
   unsigned long long* item_counter;  // zeroed by block (0, 0) for the persistent state pass, or nullptr
   int* seq_order = nullptr;          // [N] written by block (0, 0): sequences longest first (persistent pass)
   // 0: as many blocks a multiprocessor as fit (6); 1..5: shared memory padded so that at most
   // this many do (FLASHKDA_PREP_BLOCKS_PER_SM, an experiment: prep's throughput at the occupancy a
   // kernel sharing the multiprocessors with the state pass would leave it).
   int blocks_per_sm = 0;
-  bool wgmma_record = false;         // the records in WgmmaRecord's layout (the wgmma state pass)
+  RecordForm record_form = RecordForm::kTf32;  // the records' layout (the state pass's: PrefillPlan::records)
   // The prep tail's chunks (the prep grid skips them) and, for launch_prep_tail, its hand-off.
   PrepTail tail;
 };
@@ -99,7 +99,7 @@ static_assert((kVRowStride * 2) % 16 == 0, "tensor-map box rows are multiples of
 
 struct StateParams {
   CUtensorMap v_rows;          // v [total, H, 128] bf16, boxes of 16 tokens of one head, kVRowStride wide
-  const uint8_t* records;      // [slots, H, ChunkRecord::kBytes]
+  const uint8_t* records;      // [slots, H, ChunkRecord::kBytes] (F16Record::kBytes with f16_records)
   int num_heads;
   SequenceTable seqs;
   const void* initial_state;   // [slots, H, 128, 128] or nullptr
@@ -116,6 +116,9 @@ struct StateParams {
   // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
   CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
+  // F16Records and the fp16 step (state_step_f16.cuh): the plain and tail 8x1 per-item passes and
+  // the persistent pass without checkpoints (PrefillPlan::records).
+  bool f16_records = false;
   // With a prep tail (PrepTail): the ready flags of the tail's records ([slots, H]), those of
   // tail_chunks, which the 8x1 per-item pass waits on one by one; nullptr: every record was
   // written before this grid. The wgmma split pass waits once a run instead, when it reaches its

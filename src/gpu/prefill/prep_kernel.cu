@@ -173,19 +173,30 @@ __device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log
   return a2 < kMin ? kMin : a2;
 }
 
-template <bool kWgmma>
+template <RecordForm kForm>
 __device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot, int h) {
-  constexpr int64_t kBytes = kWgmma ? WgmmaRecord::kBytes : ChunkRecord::kBytes;
+  constexpr int64_t kBytes = record_bytes(kForm);
   return p.records + (slot * p.num_heads + h) * kBytes;
 }
 
 // Kr^T: channel c is row g = c % 8 of channel tile c / 8; its 16 tokens are the lanes
 // (g, t = 0..3) of the two token-half fragments: two 16-byte stores per half. In a WgmmaRecord,
 // channel c is row c of both token steps' tiles: the step's even tokens fill slots 0..3, its
-// odd ones slots 4..7 (permuted), a 16-byte store each.
-template <bool kWgmma>
+// odd ones slots 4..7 (permuted), a 16-byte store each. In an F16Record, channel c's 16 tokens are
+// 32 bytes of fp16 pairs (tokens 2 t4, + 1 then 2 t4 + 8, + 9 for t4 = 0..3): two 16-byte stores.
+template <RecordForm kForm>
 __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[kChunk]) {
-  if constexpr (kWgmma) {
+  if constexpr (kForm == RecordForm::kF16) {
+    uint32_t w[8];
+#pragma unroll
+    for (int t4 = 0; t4 < 4; ++t4) {
+      w[2 * t4] = ptx::pack_f16x2(kr[2 * t4], kr[2 * t4 + 1]);
+      w[2 * t4 + 1] = ptx::pack_f16x2(kr[2 * t4 + 8], kr[2 * t4 + 9]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(rec + F16Record::kr_channel(c));
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else if constexpr (kForm == RecordForm::kWgmma) {
 #pragma unroll
     for (int ts = 0; ts < 2; ++ts) {
       uint8_t* dst = rec + WgmmaRecord::kr_row(ts, c);  // slots 0..3: tokens 8 ts + 0, 2, 4, 6; 4..7: the odd ones
@@ -228,11 +239,11 @@ __device__ __forceinline__ void solve_w(const float (&L)[kChunk][kSmallStride], 
 }
 
 // W, M and exp(G_C) of channel c (thread c) into the record.
-template <bool kWgmma>
+template <RecordForm kForm>
 __device__ __forceinline__ void store_w_m_decay(uint8_t* rec, const float (&W)[kChunk][kSmallStride],
                                                 const float (&M)[kChunk][kSmallStride], int c, float e_C) {
   float* small = reinterpret_cast<float*>(rec);
-  if constexpr (kWgmma) {
+  if constexpr (kForm == RecordForm::kWgmma) {
     // W split hi + lo here (rows t, columns t' in order: W V's A operand is loaded, not a D
     // fragment), M (tf32; t' permuted: its A operand is W V's D fragment) and exp(G_C).
 #pragma unroll
@@ -245,14 +256,16 @@ __device__ __forceinline__ void store_w_m_decay(uint8_t* rec, const float (&W)[k
     }
     small[WgmmaRecord::kDecay / 4 + c] = e_C;
   } else {
-    // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C).
+    // W (fp32: the state kernel splits it hi + lo to form W V), M (tf32) and exp(G_C), alike in
+    // ChunkRecord and F16Record.
+    using Record = typename RecordOf<kForm>::type;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = entry_row(c, r), j = entry_col(c);
-      small[ChunkRecord::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(M[i][j]);
-      small[ChunkRecord::kW / 4 + swizzle_16(i, j)] = W[i][j];
+      small[Record::kM / 4 + swizzle_16(i, j)] = ptx::tf32_operand(M[i][j]);
+      small[Record::kW / 4 + swizzle_16(i, j)] = W[i][j];
     }
-    small[ChunkRecord::kDecay / 4 + c] = e_C;
+    small[Record::kDecay / 4 + c] = e_C;
   }
 }
 
@@ -271,10 +284,11 @@ __device__ __forceinline__ void w_m_fragments(const float (&W)[kChunk][kSmallStr
 }
 
 // A lane's Wk pair (tf32) of n-tile `ntile`, token half r into the record: token g + 8 r, channels
-// 8 ntile + 2 t4 (+1); in a WgmmaRecord k-step ntile, elements 2 t4 (+1).
-template <bool kWgmma>
+// 8 ntile + 2 t4 (+1); in a WgmmaRecord k-step ntile, elements 2 t4 (+1). (F16Record: prep_chunk
+// stores the pairs of two n-tiles together, store_f16_pairs.)
+template <RecordForm kForm>
 __device__ __forceinline__ void store_wk_pair(uint8_t* rec, int ntile, int r, int lane, float2 x) {
-  if constexpr (kWgmma) {
+  if constexpr (kForm == RecordForm::kWgmma) {
     uint8_t* const at = rec + WgmmaRecord::wk_pair(ntile, r, lane);
     *reinterpret_cast<float*>(at) = x.x;
     *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = x.y;
@@ -285,9 +299,9 @@ __device__ __forceinline__ void store_wk_pair(uint8_t* rec, int ntile, int r, in
 
 // The same lane's Qe pair: bf16 in 8x1 records, fp32 (tf32-rounded) in a WgmmaRecord, whose pass
 // reads Qe as a tf32 operand.
-template <bool kWgmma>
+template <RecordForm kForm>
 __device__ __forceinline__ void store_qe_pair(uint8_t* rec, int ntile, int r, int lane, float q0, float q1) {
-  if constexpr (kWgmma) {
+  if constexpr (kForm == RecordForm::kWgmma) {
     uint8_t* const at = rec + WgmmaRecord::qe_pair(ntile, r, lane);
     *reinterpret_cast<float*>(at) = ptx::tf32_operand(q0);
     *reinterpret_cast<float*>(at + WgmmaRecord::kOddSlot) = ptx::tf32_operand(q1);
@@ -296,11 +310,17 @@ __device__ __forceinline__ void store_qe_pair(uint8_t* rec, int ntile, int r, in
   }
 }
 
+// F16Record: a lane's fp16 pairs of n-tiles 2 j (lo, packed already: held across the n-tile loop
+// in one register, not two) and 2 j + 1 (hi), token half r, as one 8-byte entry of field kWk or
+// kQe (whole 256-byte lines a warp, as the other forms).
+__device__ __forceinline__ void store_f16_pairs(uint8_t* rec, uint32_t field, int j, int r, int lane, uint32_t lo, float2 hi) {
+  *reinterpret_cast<uint2*>(rec + F16Record::pair(field, 2 * j, r, lane)) = make_uint2(lo, ptx::pack_f16x2(hi.x, hi.y));
+}
+
 // The record of one chunk (slot) of head h: `count` tokens (1..16) from token t0 of sequence
-// `seq`. kWgmma: the record in WgmmaRecord's layout (the experimental wgmma state pass), else
-// ChunkRecord's. Ends with the block's last reads of `sm` done by this thread only: a caller
+// `seq`, in the layout of kForm (record_form.h). Ends with the block's last reads of `sm` done by this thread only: a caller
 // that goes on to another chunk puts a barrier first.
-template <bool kSoftplus, bool kWgmma>
+template <bool kSoftplus, RecordForm kForm>
 __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, int64_t slot, int h, int64_t seq,
                                            int64_t t0, int count) {
   const int c = threadIdx.x, lane = c & 31, warp = c >> 5;
@@ -422,6 +442,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
       sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
     }
+    // F16Record: Kr stored now, as the softplus form does (kr's registers free for the rest; at
+    // the end, the fp16 prep tail spilled 4 bytes under its 80-register bound).
+    if constexpr (kForm == RecordForm::kF16) store_kr<kForm>(record_of<kForm>(p, slot, h), c, kr);
     __syncthreads();
 
     // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32), the channel halves added here.
@@ -476,7 +499,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       kr[t] = k[t] * suffix;
       suffix *= d[t];
     }
-    store_kr<kWgmma>(record_of<kWgmma>(p, slot, h), c, kr);
+    store_kr<kForm>(record_of<kForm>(p, slot, h), c, kr);
     e_C = suffix;  // the product of all 16
 
     // Pass 1: the diagonal blocks, e^(E_t) with E_t = Gc_t - Gc_r, r = token 3 of the half, Gc
@@ -560,7 +583,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 
 
   // The record goes straight to global memory; every store below fills whole 32-byte sectors.
-  uint8_t* rec = record_of<kWgmma>(p, slot, h);
+  uint8_t* rec = record_of<kForm>(p, slot, h);
 
   // Products with W and M on the tensor cores, warp w taking channels [32 w, 32 w + 32):
   //   Wk = W K~ and Qe = Q~ - M Wk.
@@ -571,6 +594,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     // every B read (~6M of the prep kernel's 86M shared-memory wavefronts at P1, ncu).
     uint32_t aw[2][4], am[2][4];
     w_m_fragments(sm.W, sm.M, g, t4, aw, am);
+    uint32_t wk_even[2], qe_even[2];  // F16Record: n-tile 2j's pairs (fp16), stored with 2j + 1's
 #pragma unroll
     for (int nl = 0; nl < 4; ++nl) {
       const int ntile = warp * 4 + nl, ch = ntile * 8;  // this n-tile and its first channel
@@ -587,7 +611,9 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
-        store_wk_pair<kWgmma>(rec, ntile, r, lane, x);
+        if constexpr (kForm != RecordForm::kF16) store_wk_pair<kForm>(rec, ntile, r, lane, x);
+        else if (nl % 2 == 0) wk_even[r] = ptx::pack_f16x2(x.x, x.y);
+        else store_f16_pairs(rec, F16Record::kWk, ntile / 2, r, lane, wk_even[r], x);
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
       }
       __syncwarp();  // C and B fragments are transposed: Wk comes back through shared memory
@@ -598,17 +624,20 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        store_qe_pair<kWgmma>(rec, ntile, r, lane, qe[2 * r], qe[2 * r + 1]);
+        const float2 x = make_float2(qe[2 * r], qe[2 * r + 1]);
+        if constexpr (kForm != RecordForm::kF16) store_qe_pair<kForm>(rec, ntile, r, lane, x.x, x.y);
+        else if (nl % 2 == 0) qe_even[r] = ptx::pack_f16x2(x.x, x.y);
+        else store_f16_pairs(rec, F16Record::kQe, ntile / 2, r, lane, qe_even[r], x);
       }
     }
   }
 
-  if constexpr (!kSoftplus) store_kr<kWgmma>(rec, c, kr);
-  store_w_m_decay<kWgmma>(rec, sm.W, sm.M, c, e_C);
+  if constexpr (!kSoftplus && kForm != RecordForm::kF16) store_kr<kForm>(rec, c, kr);
+  store_w_m_decay<kForm>(rec, sm.W, sm.M, c, e_C);
 }
 
 // A block per (chunk slot, head), heads fastest.
-template <bool kSoftplus, bool kWgmma>
+template <bool kSoftplus, RecordForm kForm>
 __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   // The state grid launched after this one programmatically (StateParams::after_prep) may start
   // once every block has started: its blocks then take the multiprocessors the last ones leave.
@@ -627,7 +656,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
   locate_slot(p.seqs, slot, seq, t0, count);
   if (count == 0) return;  // uniform over the block
   __shared__ __align__(128) PrepSmem sm;
-  prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
+  prep_chunk<kSoftplus, kForm>(p, sm, slot, h, seq, t0, count);
 }
 
 // The prep tail (PrepTail in kernels.h): the records of its TailChunks by a grid of six blocks a
@@ -635,8 +664,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const PrepParams p) {
 // multiprocessors to take any (`blocks_per_sm` each) and leave the others at once, so that the
 // state grid finds them empty. A staying block takes (chunk, head) items from a counter in the
 // order the chains need them (TailChunks::tail_chunk, heads fastest) and publishes each record by
-// its ready flag; it never waits on the state pass. kWgmma: WgmmaRecords (the wgmma split pass).
-template <bool kSoftplus, bool kWgmma>
+// its ready flag; it never waits on the state pass. kForm: the records' layout (WgmmaRecords for
+// the wgmma split pass).
+template <bool kSoftplus, RecordForm kForm>
 __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(const PrepParams p) {
   ptx::griddep_launch_dependents();  // the state grid after this one may start: every block is resident
   __shared__ __align__(128) PrepSmem sm;
@@ -677,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
       locate_slot(p.seqs, slot, seq, t0, count);
       wrote = count > 0;
       if (wrote) {
-        prep_chunk<kSoftplus, kWgmma>(p, sm, slot, h, seq, t0, count);
+        prep_chunk<kSoftplus, kForm>(p, sm, slot, h, seq, t0, count);
         ptx::fence_proxy_async_global();  // the state pass reads the record by bulk copies
       }
     }
@@ -700,6 +730,19 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
   }
 }
 
+using PrepKernel = void (*)(const PrepParams);
+
+// The instantiation for p's gate and record form: (safe, softplus) pairs of kTf32, kWgmma, kF16.
+template <typename Kernel>
+Kernel form_kernel(const PrepParams& p, Kernel tf32_safe, Kernel tf32_softplus, Kernel wgmma_safe, Kernel wgmma_softplus,
+                   Kernel f16_safe, Kernel f16_softplus) {
+  switch (p.record_form) {
+    case RecordForm::kWgmma: return p.softplus_gate ? wgmma_softplus : wgmma_safe;
+    case RecordForm::kF16: return p.softplus_gate ? f16_softplus : f16_safe;
+    default: return p.softplus_gate ? tf32_softplus : tf32_safe;
+  }
+}
+
 }  // namespace
 
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
@@ -709,8 +752,9 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // P4 0.798 -> 0.787, P10 1.613 -> 1.608 (repeat 1.621 -> 1.585).
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_kernel<true, true> : prep_kernel<false, true>)
-                                     : (p.softplus_gate ? prep_kernel<true, false> : prep_kernel<false, false>);
+  const auto kernel = form_kernel<PrepKernel>(p, prep_kernel<false, RecordForm::kTf32>, prep_kernel<true, RecordForm::kTf32>,
+                                              prep_kernel<false, RecordForm::kWgmma>, prep_kernel<true, RecordForm::kWgmma>,
+                                              prep_kernel<false, RecordForm::kF16>, prep_kernel<true, RecordForm::kF16>);
   size_t pad = 0;
   if (p.blocks_per_sm > 0) {  // blocks_per_sm + 1 blocks must not fit a multiprocessor's shared memory
     int device = 0, per_sm = 0, reserved = 0;
@@ -726,8 +770,10 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
 }
 
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
-  const auto kernel = p.wgmma_record ? (p.softplus_gate ? prep_tail_kernel<true, true> : prep_tail_kernel<false, true>)
-                                     : (p.softplus_gate ? prep_tail_kernel<true, false> : prep_tail_kernel<false, false>);
+  const auto kernel =
+      form_kernel<PrepKernel>(p, prep_tail_kernel<false, RecordForm::kTf32>, prep_tail_kernel<true, RecordForm::kTf32>,
+                              prep_tail_kernel<false, RecordForm::kWgmma>, prep_tail_kernel<true, RecordForm::kWgmma>,
+                              prep_tail_kernel<false, RecordForm::kF16>, prep_tail_kernel<true, RecordForm::kF16>);
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, false, "prep tail kernel", p);
 }
 

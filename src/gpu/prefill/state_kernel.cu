@@ -19,6 +19,7 @@
 #include "gpu/launch/programmatic_launch.h"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
+#include "gpu/prefill/state_step_f16.cuh"
 #include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
@@ -59,6 +60,10 @@ __device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t s
 // prep grid to finish before they exit (the work after the call, the next call's zeroing of the
 // flags among it, must find it done). A kernel of its own, so the plain 8x1 kernel stays as
 // measured.
+//
+// kF16: the 8x1 plain and tail forms on F16Records, the fp16 step (state_step_f16.cuh): each
+// warp's state rows at a scale of their own (RowScale), applied after the load and taken off
+// before the store.
 // Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
@@ -71,10 +76,12 @@ static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLay
                   kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
   static_assert(!kTail || (VW == 8 && !kSplit && !kServing), "the prep tail runs beside the plain 8x1 pass");
+  static_assert(!kF16 || (VW == 8 && KS == 1 && !kSplit && !kServing), "the fp16 step: the plain and tail 8x1 forms");
+  using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -107,8 +114,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   const bool a_run = kSplit && StateSplit::is_a_run(run);
   if constexpr (kSplit) StateSplit::segment_chunks(num_chunks, p.split.segments, segment, c_begin, c_end);
   const int64_t slot0 = p.seqs.first_slot(n, bos);
-  const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
-  const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * ChunkRecord::kBytes;
+  const int64_t record_stride = static_cast<int64_t>(H) * Record::kBytes;
+  const uint8_t* records = p.records + slot0 * record_stride + static_cast<int64_t>(h) * Record::kBytes;
 
   // Dynamic shared memory: kStages stages, then (KS > 1) two exchange areas per slice.
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -138,8 +145,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
       if constexpr (kTail) {
         wait_tail_record(p, slot0 + c, h);
       }
-      fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows, h,
-                 zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
+      fill_stage<Record>(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride,
+                         &p.v_rows, h, zero_v ? p.seqs.total_tokens : bos + int64_t{c} * kChunk);
       at.advance();
     }
     return;
@@ -162,16 +169,28 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   if constexpr (kServing) checkpoints(0);
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
+  [[maybe_unused]] RowScale scale;
+  [[maybe_unused]] F16LaneOffsets f16_offsets;
+  if constexpr (kF16) {
+    init_row_scale(acc, scale);
+    f16_offsets.init(lane);
+  }
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   auto run_chunks = [&](auto* out) {
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
     typename StageRing<kStages>::Cursor at;
     auto step = [&](int c) {
       ring.wait_full(at);
-      // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
-      // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
-      chunk_step<kOrder, KS>(acc, smem + at.stage * kStageBytes, offsets, vbase, kpart, lane, exchange + (c & 1) * VW + vslice,
-                     1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
+      if constexpr (kF16) {
+        chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,
+                       out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
+      } else {
+        // Exchange areas alternate by chunk: a slice's warps meet at one barrier per chunk, and
+        // a warp writing area (c & 1) knows every partner has finished reading it at chunk c - 2.
+        chunk_step<kOrder, KS>(acc, smem + at.stage * kStageBytes, offsets, vbase, kpart, lane,
+                               exchange + (c & 1) * VW + vslice, 1 + vslice, out_head + int64_t{c} * kChunk * out_row_stride,
+                               chunk_count(c), out_row_stride);
+      }
       ring.release(at);  // this thread's reads of the stage are done
       at.advance();
     };
@@ -187,6 +206,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   };
   if (!kSplit || run == 0) run_chunks(p.out);
   else run_chunks(p.split.run_out(run));
+  if constexpr (kF16) unscale_rows(acc, scale);
 
   if constexpr (kSplit) {
     const int64_t state_elems = p.seqs.num_seqs * H * int64_t{kHeadDim} * kHeadDim;  // one state a buffer
@@ -199,16 +219,22 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   if constexpr (kTail) ptx::griddep_wait();
 }
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
-  if constexpr (!kSplit && !kServing && !kTail) {
-    if (p.checkpoints.count > 0 || p.k_major) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
+  if constexpr (!kSplit && !kServing && !kTail && !kF16) {
+    if (p.checkpoints.count > 0 || p.k_major) {
+      if (p.f16_records) fail(ErrorCode::kInternal, "state kernel: the fp16 step takes neither checkpoints nor K-major states");
+      return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
+    }
     if constexpr (VW == 8) {
+      if (p.f16_records && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true>(p, stream);
+      if (p.f16_records) return launch_state_config<VW, KS, BLOCKS, false, false, false, true>(p, stream);
       if (p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true>(p, stream);
     }
   }
   if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 pass runs beside a prep tail");
-  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail>;
+  if (p.f16_records && !kF16) fail(ErrorCode::kInternal, "state kernel: only the 8x1 pass takes the fp16 step");
+  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail, kF16>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
   constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;

@@ -18,6 +18,7 @@
 #include "gpu/prefill/item_scheduler.cuh"
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
+#include "gpu/prefill/state_step_f16.cuh"
 #include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
@@ -42,14 +43,16 @@ constexpr int kSmem = 128 + kStages * kStageBytes + kSwizzleAlign + kStagedState
 static_assert(kSmem <= kMaxBlockSmem, "stages and the staged state must fit one block's shared memory");
 
 // The state's register order (state_step.cuh): the A order measured faster here (P3 1.103 ms
-// against 1.118, P9 0.443 against 0.449).
-constexpr StateOrder kOrder = StateOrder::kA;
+// against 1.118, P9 0.443 against 0.449); the fp16 step (kF16 below) takes the C order.
+template <bool kF16>
+constexpr StateOrder kOrderOf = kF16 ? StateOrder::kC : StateOrder::kA;
 
 // This lane's state registers of value columns [vbase, vbase + 16) from the staged state: pair
 // (row R, columns C, C + 1) of box C / (64 or 32), row R, 16-byte chunk (C's byte / 16) ^ (R % 8)
 // (R % 8 = g: vbase is a multiple of 16). The f32 pairs as two 4-byte loads: 8-byte ones
 // (register pairs) made ptxas copy ~150 registers in the chunk loop (528 -> 692 instructions a
 // step).
+template <StateOrder kOrder>
 __device__ __forceinline__ void load_staged_state(float (&acc)[kNTiles][4], const uint8_t* staged, bool f32,
                                                   int vbase, int lane) {
   const int g = lane >> 2, t4 = lane & 3;
@@ -81,7 +84,7 @@ __device__ __forceinline__ uint2 shfl_xor_pair(uint2 x, int mask) {
   return make_uint2(__shfl_xor_sync(0xffffffffu, x.x, mask), __shfl_xor_sync(0xffffffffu, x.y, mask));
 }
 
-template <bool kF32>
+template <StateOrder kOrder, bool kF32>
 __device__ __forceinline__ void store_state_wide(const float (&acc)[kNTiles][4], void* state, int64_t row0, int lane) {
   const int g = lane >> 2, t4 = lane & 3;
   const bool odd = t4 & 1, high = t4 & 2;
@@ -122,13 +125,17 @@ __device__ __forceinline__ void store_state_wide(const float (&acc)[kNTiles][4],
 }
 
 // kCheckpoints: as in state_kernel.cu, a kernel of its own (checkpoint code beside the plain
-// kernel's chunk loop cost P3 and P9 3-4%).
-template <bool kCheckpoints>
+// kernel's chunk loop cost P3 and P9 3-4%). kF16: F16Records and the fp16 step (state_step_f16.cuh),
+// each item's state rows scaled after its load and unscaled before its store.
+template <bool kCheckpoints, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __grid_constant__ StateParams p) {
+  static_assert(!(kCheckpoints && kF16), "checkpoints keep the tf32 step");
+  using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
+  constexpr StateOrder kOrder = kOrderOf<kF16>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
   const int64_t items = p.seqs.num_seqs * H;  // item j: sequence j / H, head j % H
-  const int64_t record_stride = static_cast<int64_t>(H) * ChunkRecord::kBytes;
+  const int64_t record_stride = static_cast<int64_t>(H) * Record::kBytes;
   const bool f32_in = p.initial_state_f32;
 
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -209,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       const int h = static_cast<int>(j % H);
       const int num_chunks = static_cast<int>((it.eos - it.bos + kChunk - 1) / kChunk);  // < 2^31 tokens
       const uint8_t* records =
-          p.records + p.seqs.first_slot(j / H, it.bos) * record_stride + int64_t{h} * ChunkRecord::kBytes;
+          p.records + p.seqs.first_slot(j / H, it.bos) * record_stride + int64_t{h} * Record::kBytes;
       // The next item is looked up kLookAhead fills before this one's last (after the first for
       // shorter items), while the stages ahead keep the consumers busy: its hand-over then follows
       // the last fill at once. Looked up after the last fill (a counter atomic, then dependent
@@ -221,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       const int look_at = num_chunks > kLookAhead ? num_chunks - kLookAhead : 0;
       for (int c = 0; c < num_chunks; ++c) {
         ring.wait_empty(at);
-        fill_stage(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride, &p.v_rows,
-                   h, it.bos + int64_t{c} * kChunk);
+        fill_stage<Record>(smem + at.stage * kStageBytes, ring.full_barrier(at), records + int64_t{c} * record_stride,
+                           &p.v_rows, h, it.bos + int64_t{c} * kChunk);
         at.advance();
         if (c == look_at) next = look_up(items_left.next_work());
       }
@@ -233,6 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
   const int vbase = warp * 16;
   LaneOffsets offsets;
   offsets.init<kNTiles>(lane, 0);
+  [[maybe_unused]] F16LaneOffsets f16_offsets;
+  if constexpr (kF16) f16_offsets.init(lane);
+  [[maybe_unused]] RowScale scale;
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   typename Ring::Cursor at;
   StageRing<1>::Cursor item_at;
@@ -244,17 +254,25 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     if (j < 0) break;
     const int64_t bos = item_info->bos, final_slot = item_info->final_slot;
     const int len = item_info->len;
-    if (p.initial_state) load_staged_state(acc, staged, f32_in, vbase, lane);
+    if (p.initial_state) load_staged_state<kOrder>(acc, staged, f32_in, vbase, lane);
     else load_state<kOrder>(acc, nullptr, false, 0, 0, lane);  // zeros
     handover.release(item_at);
+    if constexpr (kF16) init_row_scale(acc, scale);
     const int h = static_cast<int>(j % H);
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
     if constexpr (kCheckpoints) write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
     auto step = [&](int c) {
       ring.wait_full(at);
       const int left = len - c * kChunk;
-      chunk_step<kOrder, 1>(acc, smem + at.stage * kStageBytes, offsets, vbase, 0, lane, static_cast<SliceExchange<1>*>(nullptr), 0,
-                    out_head + int64_t{c} * kChunk * out_row_stride, left < kChunk ? left : kChunk, out_row_stride);
+      uint16_t* const out_chunk = out_head + int64_t{c} * kChunk * out_row_stride;
+      if constexpr (kF16) {
+        chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,
+                       left < kChunk ? left : kChunk, out_row_stride);
+      } else {
+        chunk_step<kOrder, 1>(acc, smem + at.stage * kStageBytes, offsets, vbase, 0, lane,
+                              static_cast<SliceExchange<1>*>(nullptr), 0, out_chunk, left < kChunk ? left : kChunk,
+                              out_row_stride);
+      }
       ring.release(at);  // this thread's reads of the stage are done
       at.advance();
     };
@@ -268,10 +286,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     } else {
       for (int c = 0; c < chunks; ++c) step(c);
     }
+    if constexpr (kF16) unscale_rows(acc, scale);
     if (final_slot >= 0) {  // the dtype branch taken once, not predicated into every store
       const int64_t row0 = (final_slot * H + h) * kHeadDim + vbase;
-      if (p.final_state_f32) store_state_wide<true>(acc, p.final_state, row0, lane);
-      else store_state_wide<false>(acc, p.final_state, row0, lane);
+      if (p.final_state_f32) store_state_wide<kOrder, true>(acc, p.final_state, row0, lane);
+      else store_state_wide<kOrder, false>(acc, p.final_state, row0, lane);
     }
   }
 }
@@ -280,9 +299,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
   if (p.k_major) fail(ErrorCode::kInternal, "persistent state kernel: K-major states take the per-item pass");
-  const auto kernel = p.checkpoints.count > 0 ? state_persistent_kernel<true> : state_persistent_kernel<false>;
-  static PerDeviceOnce raised[2];  // the shared-memory limit, raised once per device the caller uses
-  raised[p.checkpoints.count > 0].run("persistent state kernel: setting its shared memory size", [&] {
+  const bool checkpoints = p.checkpoints.count > 0;
+  if (checkpoints && p.f16_records) fail(ErrorCode::kInternal, "persistent state kernel: checkpoints keep the tf32 step");
+  const auto kernel = checkpoints      ? state_persistent_kernel<true, false>
+                      : p.f16_records ? state_persistent_kernel<false, true>
+                                      : state_persistent_kernel<false, false>;
+  static PerDeviceOnce raised[3];  // the shared-memory limit, raised once per device the caller uses
+  raised[checkpoints ? 1 : p.f16_records ? 2 : 0].run("persistent state kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t items = p.seqs.num_seqs * p.num_heads;

@@ -1,4 +1,4 @@
-// fp32 <-> bf16 pair packing and fp32 -> tf32 rounding.
+// fp32 <-> bf16 pair packing, fp32 -> fp16 pairs and fp32 -> tf32 rounding.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,13 @@ namespace flashkda::ptx {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// The same in fp16 (cvt.rn: values past 65504 become Inf, under 2^-14 subnormal).
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 
