@@ -98,12 +98,16 @@ for step in $steps; do
       # calls keep the mma.sync passes), and its step prototype (fp64 check, then a time a step).
       run_step "tests pools+strided, wgmma" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_WGMMA=1 \
         "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
-      # The fp16 step (FLASHKDA_STATE_F16=1) on the same suites, per item and persistent (checkpoint
-      # and K-major calls keep the tf32 step).
+      # The tf32 step (FLASHKDA_STATE_F16=0; the fp16 step is the default) on the pool, checkpoint and
+      # strided suites, per item and persistent, and on the prefill suites that run its passes.
       for pass in FLASHKDA_PERSISTENT=0 FLASHKDA_PERSISTENT=1; do
-        run_step "tests pools+strided, f16 $pass" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_F16=1 $pass \
-          "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
+        run_step "tests pools+checkpoints, tf32 step $pass" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_F16=0 \
+          $pass "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       done
+      run_step "tests prefill, tf32 step" "$OUT/gpu-tests.log" 300 env FLASHKDA_STATE_F16=0 "$TEST_DIR/test_prefill_gpu" \
+        --gtest_filter='Lengths/GpuPrefillLength.*:Heads/*:Layouts/*:GpuPrefillPersistent.*:GpuPrefill.PrepTail*:GpuPrefill.Softplus*:GpuPrefill.LargeInitialState'
+      run_step "tests pools+checkpoints, 4x1" "$OUT/gpu-tests.log" 120 env FLASHKDA_CUDA_KERNELS=auto FLASHKDA_STATE_CONFIG=4x1 \
+        FLASHKDA_SPLIT=0 "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       [ -x "$TEST_DIR/test_wgmma_step_gpu" ] && run_step "tests wgmma step prototype" "$OUT/gpu-tests.log" 60 \
         "$TEST_DIR/test_wgmma_step_gpu"
 

@@ -174,38 +174,40 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
   }
 }
 
-// FLASHKDA_STATE_F16=1: the 8x1 passes (P1's per item beside the prep tail, P3's persistent) take
-// F16Records, smaller than ChunkRecords; the other passes, checkpoints and K-major states keep theirs.
-TEST(PrefillPlan, TheFp16StepTakesTheEightByOnePassesOnly) {
-  const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {{{8192}, 96}, {std::vector<int64_t>(8, 1024), 96}};
-  std::vector<size_t> tf32_bytes;
-  for (const auto& [lens, heads] : cases) {  // off unless forced
-    const PrefillPlan p = plan(lens, heads);
-    EXPECT_FALSE(p.state_f16);
-    EXPECT_EQ(p.records(), gpu::RecordForm::kTf32);
-    tf32_bytes.push_back(p.record_bytes);
-  }
-  const ScopedEnv env{{"FLASHKDA_STATE_F16", "1"}};
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const auto& [lens, heads] = cases[i];
+// The fp16 step takes the passes whose warps own whole value slices: P1's 8x1 per item beside the
+// prep tail, P3's persistent pass, P4's 4x1, with checkpoints and K-major states too; F16Records
+// replace ChunkRecords one for one. The split pass keeps its wgmma records. FLASHKDA_STATE_F16=0:
+// the tf32 step everywhere.
+TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
+  const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
+      {{8192}, 96}, {std::vector<int64_t>(8, 1024), 96}, {{8192}, 64}};
+  std::vector<size_t> f16_bytes;
+  for (const auto& [lens, heads] : cases) {
     SCOPED_TRACE(std::to_string(lens.size()) + " sequences x " + std::to_string(heads) + " heads");
     const PrefillPlan p = plan(lens, heads);
     EXPECT_TRUE(p.state_f16);
     EXPECT_EQ(p.records(), gpu::RecordForm::kF16);
-    EXPECT_EQ(p.record_bytes / 14848, tf32_bytes[i] / 23040);  // as many F16Records as ChunkRecords
-    EXPECT_EQ(p.record_bytes % 14848, 0u);
+    EXPECT_EQ(p.record_bytes % 14848, 0u);  // F16Record::kBytes
+    f16_bytes.push_back(p.record_bytes);
   }
   EXPECT_GT(plan({8192}, 96).tail_sms, 0);  // P1 keeps its prep tail
-  EXPECT_FALSE(plan({8192}, 64).state_f16);  // P4: 4x1
+  EXPECT_EQ(plan({8192}, 64).value_slices, 4);
   EXPECT_FALSE(plan({32768}, 8).state_f16);  // P7: the wgmma split pass
   EXPECT_EQ(plan({32768}, 8).records(), gpu::RecordForm::kWgmma);
   Problem ckpt = shapes({8192}, 96);
   ckpt.checkpoint_offsets = kUnreadOffsets;
   ckpt.checkpoints = 1;
-  EXPECT_FALSE(gpu::plan_prefill(ckpt, kH200Multiprocessors).state_f16);
+  EXPECT_TRUE(gpu::plan_prefill(ckpt, kH200Multiprocessors).state_f16);
   Problem k_major = shapes({8192}, 96);
   k_major.state_layout = StateLayout::kKV;
-  EXPECT_FALSE(gpu::plan_prefill(k_major, kH200Multiprocessors).state_f16);
+  EXPECT_TRUE(gpu::plan_prefill(k_major, kH200Multiprocessors).state_f16);
+  const ScopedEnv env{{"FLASHKDA_STATE_F16", "0"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const PrefillPlan p = plan(cases[i].first, cases[i].second);
+    EXPECT_FALSE(p.state_f16);
+    EXPECT_EQ(p.records(), gpu::RecordForm::kTf32);
+    EXPECT_EQ(p.record_bytes / 23040, f16_bytes[i] / 14848);  // as many ChunkRecords
+  }
 }
 
 // The tail's chunks and the prep grid's together are every chunk once, each where holds() says;

@@ -293,12 +293,13 @@ bool use_wgmma(const Problem& p) {
 }
 
 // The fp16 step (state_step_f16.cuh; docs/perf-notes.md, "fp16 as the state step's MMA type"):
-// only when FLASHKDA_STATE_F16=1 forces it, on the 8x1 passes without checkpoints or K-major states
-// (the serving kernels keep the tf32 step).
-bool use_f16_step(const Problem& p, const PrefillPlan& plan, StateConfig c) {
-  if (forced_switch("FLASHKDA_STATE_F16") != 1 || p.checkpoint_offsets || p.state_layout != StateLayout::kVK) return false;
+// every pass whose warps own whole value slices (KS = 1): the persistent pass and the 8x1 and 4x1
+// per-item passes, with checkpoints and K-major states too. The split pass keeps its own (wgmma
+// or tf32 mma.sync). FLASHKDA_STATE_F16=0: the tf32 step everywhere (A/B).
+bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
+  if (forced_switch("FLASHKDA_STATE_F16") == 0) return false;
   return plan.pass == PrefillPlan::Pass::kPersistent ||
-         (plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && c.key_parts == 1);
+         (plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4));
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
@@ -343,7 +344,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_BLOCKS_PER_SM: expected 1 to 6, got '", forced, "'");
   }
 
-  plan.state_f16 = use_f16_step(p, plan, c);
+  plan.state_f16 = use_f16_step(plan, c);
   plan.record_bytes = static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);

@@ -116,8 +116,8 @@ struct StateParams {
   // (encode_state_rows_map), two (bf16) or four (fp32) copies an item.
   CUtensorMap initial_rows;
   bool k_major = false;        // states and checkpoints [.., 128 k, 128 v] (the per-item pass only)
-  // F16Records and the fp16 step (state_step_f16.cuh): the plain and tail 8x1 per-item passes and
-  // the persistent pass without checkpoints (PrefillPlan::records).
+  // F16Records and the fp16 step (state_step_f16.cuh): the 8x1 and 4x1 per-item passes and the
+  // persistent pass (PrefillPlan::state_f16).
   bool f16_records = false;
   // With a prep tail (PrepTail): the ready flags of the tail's records ([slots, H]), those of
   // tail_chunks, which the 8x1 per-item pass waits on one by one; nullptr: every record was

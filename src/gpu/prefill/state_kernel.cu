@@ -61,9 +61,10 @@ __device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t s
 // flags among it, must find it done). A kernel of its own, so the plain 8x1 kernel stays as
 // measured.
 //
-// kF16: the 8x1 plain and tail forms on F16Records, the fp16 step (state_step_f16.cuh): each
-// warp's state rows at a scale of their own (RowScale), applied after the load and taken off
-// before the store.
+// kF16: the KS = 1 layouts (8x1 plain, tail and serving; 4x1 plain and serving) on F16Records,
+// the fp16 step (state_step_f16.cuh): each warp's state rows at a scale of their own (RowScale),
+// applied after the load, taken off before the final store and applied as checkpoints are
+// stored (the registers keep theirs: a checkpoint is a prefix prefill's state bit for bit).
 // Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
@@ -80,7 +81,7 @@ template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool k
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
   static_assert(!kTail || (VW == 8 && !kSplit && !kServing), "the prep tail runs beside the plain 8x1 pass");
-  static_assert(!kF16 || (VW == 8 && KS == 1 && !kSplit && !kServing), "the fp16 step: the plain and tail 8x1 forms");
+  static_assert(!kF16 || (KS == 1 && (VW == 8 || VW == 4) && !kSplit), "the fp16 step: the 8x1 and 4x1 forms");
   using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW * KS;
@@ -90,7 +91,8 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   // elsewhere (4x1: P4 0.730 against 0.771, P10 1.47 against 1.63). A layout's serving form
   // keeps its plain form's order: the two do the same arithmetic, so that a checkpoint equals a
   // prefill of the prefix bit for bit (the order changes the state update's rounding).
-  constexpr StateOrder kOrder = kSplit || (VW == 8 && KS == 1) ? StateOrder::kC : StateOrder::kA;
+  // The fp16 step takes the C order (its products' A fragments are the C fragments packed).
+  constexpr StateOrder kOrder = kF16 || kSplit || (VW == 8 && KS == 1) ? StateOrder::kC : StateOrder::kA;
   constexpr int kTiles = kNTiles / KS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int vslice = warp / KS, kpart = warp % KS;
@@ -161,20 +163,22 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   else if (!kSplit || run == 0) load_state<kOrder>(acc, p.initial_state, p.initial_state_f32, initial_row0, col0, lane);
   else if (!a_run) load_state<kOrder>(acc, nullptr, false, state_row0, col0, lane);  // zeros
   else load_identity<kOrder>(acc, vbase, col0, lane);
+  [[maybe_unused]] RowScale scale;
+  if constexpr (kF16) init_row_scale(acc, scale);
 
   auto checkpoints = [&](int64_t tokens) {
-    if (k_major) write_checkpoints<kOrder, true>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
-    else write_checkpoints<kOrder>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane);
+    auto write = [&](auto scaled) {
+      if (k_major) write_checkpoints<kOrder, true>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane, scaled);
+      else write_checkpoints<kOrder>(p.checkpoints, acc, n, h, H, tokens, vbase, col0, lane, scaled);
+    };
+    if constexpr (kF16) write(RowScaled{scale});
+    else write(Unscaled{});
   };
   if constexpr (kServing) checkpoints(0);
   LaneOffsets offsets;
   offsets.init<kTiles>(lane, kpart);
-  [[maybe_unused]] RowScale scale;
   [[maybe_unused]] F16LaneOffsets f16_offsets;
-  if constexpr (kF16) {
-    init_row_scale(acc, scale);
-    f16_offsets.init(lane);
-  }
+  if constexpr (kF16) f16_offsets.init(lane);
   const int64_t out_row_stride = static_cast<int64_t>(H) * kHeadDim;
   auto run_chunks = [&](auto* out) {
     auto* out_head = out + bos * out_row_stride + h * kHeadDim;
@@ -222,18 +226,21 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
 template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing && !kTail && !kF16) {
-    if (p.checkpoints.count > 0 || p.k_major) {
-      if (p.f16_records) fail(ErrorCode::kInternal, "state kernel: the fp16 step takes neither checkpoints nor K-major states");
-      return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
-    }
-    if constexpr (VW == 8) {
-      if (p.f16_records && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true>(p, stream);
+    const bool serving = p.checkpoints.count > 0 || p.k_major;
+    if constexpr (KS == 1) {
+      if (p.f16_records && serving) return launch_state_config<VW, KS, BLOCKS, false, true, false, true>(p, stream);
+      if constexpr (VW == 8) {
+        if (p.f16_records && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true>(p, stream);
+      }
       if (p.f16_records) return launch_state_config<VW, KS, BLOCKS, false, false, false, true>(p, stream);
+    }
+    if (serving) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
+    if constexpr (VW == 8) {
       if (p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true>(p, stream);
     }
   }
   if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 pass runs beside a prep tail");
-  if (p.f16_records && !kF16) fail(ErrorCode::kInternal, "state kernel: only the 8x1 pass takes the fp16 step");
+  if (p.f16_records && !kF16) fail(ErrorCode::kInternal, "state kernel: only the 8x1 and 4x1 passes take the fp16 step");
   constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail, kF16>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");

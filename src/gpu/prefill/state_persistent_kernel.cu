@@ -129,7 +129,6 @@ __device__ __forceinline__ void store_state_wide(const float (&acc)[kNTiles][4],
 // each item's state rows scaled after its load and unscaled before its store.
 template <bool kCheckpoints, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __grid_constant__ StateParams p) {
-  static_assert(!(kCheckpoints && kF16), "checkpoints keep the tf32 step");
   using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr StateOrder kOrder = kOrderOf<kF16>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -260,7 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
     if constexpr (kF16) init_row_scale(acc, scale);
     const int h = static_cast<int>(j % H);
     uint16_t* out_head = p.out + bos * out_row_stride + h * kHeadDim;
-    if constexpr (kCheckpoints) write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, 0, vbase, 0, lane);
+    auto checkpoints = [&](int64_t tokens) {  // the true state (kF16: the registers keep their scales)
+      if constexpr (kF16) write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, tokens, vbase, 0, lane, RowScaled{scale});
+      else write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, tokens, vbase, 0, lane);
+    };
+    if constexpr (kCheckpoints) checkpoints(0);
     auto step = [&](int c) {
       ring.wait_full(at);
       const int left = len - c * kChunk;
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       for (int c = 0; c < chunks;) {
         const int stop = p.checkpoints.next_boundary(j / H, c, chunks, kChunk);
         for (; c < stop; ++c) step(c);
-        write_checkpoints<kOrder>(p.checkpoints, acc, j / H, h, H, int64_t{stop} * kChunk, vbase, 0, lane);
+        checkpoints(int64_t{stop} * kChunk);
       }
     } else {
       for (int c = 0; c < chunks; ++c) step(c);
@@ -300,12 +303,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
   if (p.k_major) fail(ErrorCode::kInternal, "persistent state kernel: K-major states take the per-item pass");
   const bool checkpoints = p.checkpoints.count > 0;
-  if (checkpoints && p.f16_records) fail(ErrorCode::kInternal, "persistent state kernel: checkpoints keep the tf32 step");
-  const auto kernel = checkpoints      ? state_persistent_kernel<true, false>
-                      : p.f16_records ? state_persistent_kernel<false, true>
-                                      : state_persistent_kernel<false, false>;
-  static PerDeviceOnce raised[3];  // the shared-memory limit, raised once per device the caller uses
-  raised[checkpoints ? 1 : p.f16_records ? 2 : 0].run("persistent state kernel: setting its shared memory size", [&] {
+  const auto kernel = checkpoints ? (p.f16_records ? state_persistent_kernel<true, true> : state_persistent_kernel<true, false>)
+                                  : (p.f16_records ? state_persistent_kernel<false, true> : state_persistent_kernel<false, false>);
+  static PerDeviceOnce raised[4];  // the shared-memory limit, raised once per device the caller uses
+  raised[2 * checkpoints + p.f16_records].run("persistent state kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t items = p.seqs.num_seqs * p.num_heads;

@@ -116,16 +116,23 @@ __device__ __forceinline__ void load_identity(float (&acc)[kTiles][4], int64_t r
   });
 }
 
+// What a store multiplies a lane's elements of row half r by: nothing (the tf32 step's states),
+// or the fp16 step's row scales (RowScaled, state_step_f16.cuh), so that checkpoints store the
+// true state while the registers keep theirs.
+struct Unscaled {
+  __device__ __forceinline__ float operator()(int, float x) const { return x; }
+};
+
 // kPairStores: fp32 pairs as 8-byte stores. The stores inside the chunk loop (the checkpoints)
 // take two 4-byte ones: an 8-byte store wants the pair in adjacent registers, against the A
 // fragments the products read, and ptxas then copied ~130-170 registers a step in the serving
 // kernels' step loops (SASS, 8x1, either order).
-template <StateOrder O, bool kKMajor = false, bool kPairStores = true, int kTiles>
+template <StateOrder O, bool kKMajor = false, bool kPairStores = true, int kTiles, typename Scale = Unscaled>
 __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void* state, bool f32, int64_t row0,
-                                            int col0, int lane) {
+                                            int col0, int lane, Scale scale = {}) {
   if constexpr (kKMajor) {
     for_each_state_pair_k_major<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
-      const float x = acc[nt][pair_first<O>(r)], y = acc[nt][pair_second<O>(r)];
+      const float x = scale(r, acc[nt][pair_first<O>(r)]), y = scale(r, acc[nt][pair_second<O>(r)]);
       if (f32) {
         static_cast<float*>(state)[idx] = x;
         static_cast<float*>(state)[idx + kHeadDim] = y;
@@ -137,7 +144,7 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
     return;
   }
   for_each_state_pair<kTiles>(row0, col0, lane, [&](int nt, int r, int64_t idx) {
-    const float x = acc[nt][pair_first<O>(r)], y = acc[nt][pair_second<O>(r)];
+    const float x = scale(r, acc[nt][pair_first<O>(r)]), y = scale(r, acc[nt][pair_second<O>(r)]);
     if (f32 && kPairStores) *reinterpret_cast<float2*>(static_cast<float*>(state) + idx) = make_float2(x, y);
     else if (f32) static_cast<float*>(state)[idx] = x, static_cast<float*>(state)[idx + 1] = y;
     else *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(state) + idx) = ptx::pack_bf16x2(x, y);
@@ -146,11 +153,13 @@ __device__ __forceinline__ void store_state(const float (&acc)[kTiles][4], void*
 
 // This lane's part of the state after `tokens` tokens of sequence n into every checkpoint entry
 // asking for it (fp32 [N, C, H, 128, 128], in the states' layout).
-template <StateOrder O, bool kKMajor = false, int kTiles>
+template <StateOrder O, bool kKMajor = false, int kTiles, typename Scale = Unscaled>
 __device__ __forceinline__ void write_checkpoints(const CheckpointTable& t, const float (&acc)[kTiles][4], int64_t n,
-                                                  int h, int num_heads, int64_t tokens, int vbase, int col0, int lane) {
+                                                  int h, int num_heads, int64_t tokens, int vbase, int col0, int lane,
+                                                  Scale scale = {}) {
   t.at(n, tokens, [&](int64_t entry) {
-    store_state<O, kKMajor, false>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane);
+    store_state<O, kKMajor, false>(acc, t.states, true, (entry * num_heads + h) * int64_t{kHeadDim} + vbase, col0, lane,
+                                   scale);
   });
 }
 

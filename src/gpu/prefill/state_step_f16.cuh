@@ -78,6 +78,13 @@ __device__ __forceinline__ void init_row_scale(float (&acc)[kNTiles][4], RowScal
   rescale_rows(acc, u, sc, su);
 }
 
+// The true values as a store reads them (store_state's Scale), the registers left as they are: the
+// checkpoints, which a later step goes on from (a power of two: the same bits as unscale_rows).
+struct RowScaled {
+  const RowScale& sc;
+  __device__ __forceinline__ float operator()(int r, float x) const { return x * sc.up[r]; }
+};
+
 // Before the state's store: the true values back in the registers.
 __device__ __forceinline__ void unscale_rows(float (&acc)[kNTiles][4], const RowScale& sc) {
 #pragma unroll
