@@ -270,6 +270,25 @@ __device__ __forceinline__ void store_out_rows(const float (&o)[kNBlocks][4], in
   }
 }
 
+// O^T += (W V)^T M^T (the intra-chunk part, tf32; M at Record::kM, m_offsets: LaneOffsets::m),
+// then the out rows: the end of both mma.sync step forms (chunk_step, chunk_step_f16).
+template <typename Record, typename OutT>
+__device__ __forceinline__ void finish_out_rows(float (&P)[2][4], const float (&wv)[2][4], const uint8_t* rec,
+                                                const uint32_t (&m_offsets)[2], int vbase, int lane, OutT* out_chunk,
+                                                int count, int64_t out_row_stride) {
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    uint32_t a[4];
+    ptx::tf32_a_from_c(wv[kt], a);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 mm = load_pair(rec + Record::kM + m_offsets[kt] + 512 * nt);
+      ptx::mma_tf32_1688(P[nt], a, mm.x, mm.y);
+    }
+  }
+  store_out_rows(P, vbase, lane, out_chunk, count, out_row_stride);
+}
+
 // One chunk step of one warp: value columns [vbase, vbase + 16), key n-tiles [kpart * kTiles,
 // (kpart + 1) * kTiles) of the state slice (kTiles = 16 / KS). All products are m16n8k8 tf32 with
 // k-slot t = element 2t and slot t + 4 = element 2t + 1 (see mma.cuh): every C fragment is an A
@@ -388,19 +407,7 @@ __device__ __forceinline__ void chunk_step(float (&acc)[kNTiles / KS][4], const 
   }
 
   if (kpart != 0) return;
-  // O^T += (W V)^T M^T (the intra-chunk part), then O^T fragments (rows v, columns tokens)
-  // transposed in registers to (token, v pair) and stored.
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    uint32_t a[4];
-    ptx::tf32_a_from_c(wv[kt], a);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float2 mm = load_pair(rec + ChunkRecord::kM + o.m[kt] + 512 * nt);
-      ptx::mma_tf32_1688(P[nt], a, mm.x, mm.y);
-    }
-  }
-  store_out_rows(P, vbase, lane, out_chunk, count, out_row_stride);
+  finish_out_rows<ChunkRecord>(P, wv, rec, o.m, vbase, lane, out_chunk, count, out_row_stride);
 }
 
 // One pipeline stage: the chunk record, then the chunk's 16 rows of v (bf16, kVRowStride apart).

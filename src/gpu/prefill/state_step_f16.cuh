@@ -172,18 +172,7 @@ __device__ __forceinline__ void chunk_step_f16(float (&acc)[kNTiles][4], RowScal
     ptx::mma_f16_16816(acc[nl], ua, b.x, b.y);
   }
 
-  // O^T += (W V)^T M^T (tf32, as the tf32 step), then the out rows.
-#pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    uint32_t a[4];
-    ptx::tf32_a_from_c(wv[kt], a);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float2 mm = load_pair(rec + F16Record::kM + o.m[kt] + 512 * nt);
-      ptx::mma_tf32_1688(P[nt], a, mm.x, mm.y);
-    }
-  }
-  store_out_rows(P, vbase, lane, out_chunk, count, out_row_stride);
+  finish_out_rows<F16Record>(P, wv, rec, o.m, vbase, lane, out_chunk, count, out_row_stride);
 }
 
 }  // namespace flashkda::gpu::state_pass
