@@ -76,12 +76,19 @@ struct PrepSmem {
     float tile[3][kChunk][kTileStride];  // K~, K-, Q~ (K~, K- rounded to tf32)
   };
   float part[4][kChunk][kChunk];          // L and M partial products, two channel halves each
-  float rnorm[2 * kChunk];                // scale/||q_t||, then 1/||k_t||
+  alignas(16) float rnorm[2 * kChunk];    // scale/||q_t||, then 1/||k_t|| (read as float4: 8 loads, not 32)
   float beta[kChunk];
   alignas(16) float L[kChunk][kSmallStride];
   alignas(16) float M[kChunk][kSmallStride];
   alignas(16) float W[kChunk][kSmallStride];
 };
+
+// Tokens 4 quad .. 4 quad + 3's scale / ||q_t|| or 1 / ||k_t|| (base 0 or kChunk) by one 16-byte load
+// (32 scalar loads a thread were 8 16-byte ones; a float4 read per token the compiler narrows again).
+__device__ __forceinline__ void rnorm_quad(const PrepSmem& sm, int base, int quad, float (&r)[4]) {
+  const float4 v = reinterpret_cast<const float4*>(sm.rnorm + base)[quad];
+  r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
+}
 
 // Which half of its segment (channels 0..3 or 4..7) thread c's i-th 16-byte store of phase 1
 // writes: swapped where seg / 4 is odd, so that the 8 lanes of each quarter-warp write 8
@@ -432,15 +439,22 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     // kr = k^ e^(G_C - G). k and q become k~ and q~ in place.
     e_C = ptx::exp2_ftz(G2[kChunk - 1]);
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      const float kh = k[t] * sm.rnorm[kChunk + t];
-      const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
-      kr[t] = kh * (e_C * e_inv);
-      k[t] = kh * e;
-      q[t] = q[t] * sm.rnorm[t] * e;  // rnorm holds scale / ||q||
-      sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
-      sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
-      sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
+    for (int quad = 0; quad < kChunk / 4; ++quad) {
+      float rq[4], rk[4];
+      rnorm_quad(sm, 0, quad, rq);
+      rnorm_quad(sm, kChunk, quad, rk);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = 4 * quad + i;
+        const float kh = k[t] * rk[i];
+        const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
+        kr[t] = kh * (e_C * e_inv);
+        k[t] = kh * e;
+        q[t] = q[t] * rq[i] * e;  // rnorm holds scale / ||q||
+        sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
+        sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
+        sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
+      }
     }
     // F16Record: Kr stored now, as the softplus form does (kr's registers free for the rest; at
     // the end, the fp16 prep tail spilled 4 bytes under its 80-register bound).
@@ -489,9 +503,12 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     // k and q become k^ and scale q^ (rnorm holds scale / ||q||); kr = k^ e^(G_C - G_t) from the
     // suffix products, stored now (16 registers fewer through the passes below).
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      k[t] *= sm.rnorm[kChunk + t];
-      q[t] *= sm.rnorm[t];
+    for (int quad = 0; quad < kChunk / 4; ++quad) {
+      float rq[4], rk[4];
+      rnorm_quad(sm, 0, quad, rq);
+      rnorm_quad(sm, kChunk, quad, rk);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) k[4 * quad + i] *= rk[i], q[4 * quad + i] *= rq[i];
     }
     float suffix = 1.0f;
 #pragma unroll

@@ -31,6 +31,7 @@ struct TailChunks {
   __host__ __device__ int tail_chunk(int k) const { return segment_end(k % segments) - per_segment + k / segments; }
   // The prep grid's m-th chunk (m < chunks - count()): each segment's chunks before its tail.
   __host__ __device__ int head_chunk(int m) const {
+    if (segments == 1) return m;  // the 8x1 pass's one segment: no division (~25 instructions a block)
     const int head = segment_chunks - per_segment;
     const int s = m / head < segments - 1 ? m / head : segments - 1;
     return s * segment_chunks + (m - s * head);
