@@ -205,10 +205,20 @@ __device__ __forceinline__ float2 load_bf16_pair(const uint8_t* p) {
   return ptx::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p));
 }
 
+// Token row `tok`'s bf16 v at column v as a tf32 operand (exact), 0 where !live. Loaded whatever
+// `live` and then selected: the stage always holds 16 rows (zeros past the problem's end, the next
+// sequence's tokens past a sequence's end). A load under `live` became a branch a load, its
+// address formed again inside: 22% of the 8x1 pass's stall samples at P1 (ncu, a90b8b6), where
+// the probe that steps full chunks has none.
+__device__ __forceinline__ uint32_t v_operand(const uint16_t* v_rows, int tok, int v, bool live) {
+  const uint32_t bits = v_rows[tok * kVRowStride + v];
+  return live ? bits << 16 : 0u;
+}
+
 // (W V)^T = V^T W^T as C fragments (rows v = vbase + g (+ 8), columns tokens): A = V^T from the
-// chunk's v rows after the record (bf16, exact in tf32; rows past the sequence end are not loaded
-// and read as 0), B = W^T with W split hi + lo (the mma truncates lo to tf32: W V keeps ~21
-// bits). m_offsets: LaneOffsets::m. Record: where the stage's W and v rows lie.
+// chunk's v rows after the record (bf16, exact in tf32; rows past the sequence end read as 0),
+// B = W^T with W split hi + lo (the mma truncates lo to tf32: W V keeps ~21 bits). m_offsets:
+// LaneOffsets::m. Record: where the stage's W and v rows lie.
 template <typename Record>
 __device__ __forceinline__ void form_wv(const uint8_t* rec, const uint32_t (&m_offsets)[2], int vbase, int lane,
                                         int count, float (&wv)[2][4]) {
@@ -225,11 +235,8 @@ __device__ __forceinline__ void form_wv(const uint8_t* rec, const uint32_t (&m_o
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const bool live = tok + e < count;
-      const int v = vbase + g;
-      const uint32_t top = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v]} << 16 : 0u;
-      const uint32_t bottom = live ? uint32_t{v_rows[(tok + e) * kVRowStride + v + 8]} << 16 : 0u;
-      a[2 * e] = top;         // a[0] (row g, slot t), a[2] (row g, slot t + 4)
-      a[2 * e + 1] = bottom;  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
+      a[2 * e] = v_operand(v_rows, tok + e, vbase + g, live);          // a[0] (row g, slot t), a[2] (row g, slot t + 4)
+      a[2 * e + 1] = v_operand(v_rows, tok + e, vbase + g + 8, live);  // a[1] (row g + 8, slot t), a[3] (row g + 8, slot t + 4)
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "gpu/prefill/chunk_record.cuh"
-#include "gpu/prefill/state_step.cuh"  // store_out_rows
+#include "gpu/prefill/state_step.cuh"  // store_out_rows, v_operand
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/movmatrix.cuh"
@@ -59,8 +59,8 @@ __device__ __forceinline__ void wgmma_chunk_step(float (&s)[64], const uint8_t* 
     for (int half = 0; half < 2; ++half) {  // tokens past the sequence end read as 0 (the tile may hold the next one's)
       const int tok = 8 * st + t4 + 4 * half;
       const bool live = tok < count;
-      av[st][2 * half] = live ? uint32_t{v_rows[tok * kVRowStride + vbase + g]} << 16 : 0u;
-      av[st][2 * half + 1] = live ? uint32_t{v_rows[tok * kVRowStride + vbase + g + 8]} << 16 : 0u;
+      av[st][2 * half] = v_operand(v_rows, tok, vbase + g, live);
+      av[st][2 * half + 1] = v_operand(v_rows, tok, vbase + g + 8, live);
     }
   // (S^T's A fragments are left unpinned: pinned, ptxas serializes the wgmmas here, C7511.)
 #pragma unroll
