@@ -67,9 +67,9 @@ struct PrefillPlan {
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;
-  // The 8x1 per-item (with or without the prep tail or serving features) and persistent passes on
-  // the fp16 step (F16Records, state_step_f16.cuh); FLASHKDA_STATE_F16=0: the tf32 step
-  // (ChunkRecords); =1: the 4x1 pass too.
+  // The 8x1 and 4x1 per-item (with or without the prep tail or serving features) and persistent
+  // passes on the fp16 step (F16Records, state_step_f16.cuh); FLASHKDA_STATE_F16=0: the tf32 step
+  // (ChunkRecords).
   bool state_f16 = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets),

@@ -174,10 +174,9 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
   }
 }
 
-// The fp16 step takes P1's 8x1 per item beside the prep tail and P3's persistent pass, with
-// checkpoints and K-major states too (P4's 4x1 only where FLASHKDA_STATE_F16=1 forces it); F16Records
-// replace ChunkRecords one for one. The split pass keeps its wgmma records. FLASHKDA_STATE_F16=0:
-// the tf32 step everywhere.
+// The fp16 step takes P1's 8x1 per item beside the prep tail, P3's persistent pass and P4's 4x1,
+// with checkpoints and K-major states too; F16Records replace ChunkRecords one for one. The split
+// pass keeps its wgmma records. FLASHKDA_STATE_F16=0: the tf32 step everywhere.
 TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
   const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {{{8192}, 96}, {std::vector<int64_t>(8, 1024), 96}};
   std::vector<size_t> f16_bytes;
@@ -190,12 +189,9 @@ TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
     f16_bytes.push_back(p.record_bytes);
   }
   EXPECT_GT(plan({8192}, 96).tail_sms, 0);  // P1 keeps its prep tail
-  EXPECT_EQ(plan({8192}, 64).value_slices, 4);  // P4: 4x1 keeps the tf32 step (measured slower on fp16)
-  EXPECT_FALSE(plan({8192}, 64).state_f16);
-  {
-    const ScopedEnv forced{{"FLASHKDA_STATE_F16", "1"}};
-    EXPECT_TRUE(plan({8192}, 64).state_f16);
-  }
+  EXPECT_EQ(plan({8192}, 64).value_slices, 4);  // P4: the 4x1 layout
+  EXPECT_TRUE(plan({8192}, 64).state_f16);
+  EXPECT_EQ(plan({8192}, 64).records(), gpu::RecordForm::kF16);
   EXPECT_FALSE(plan({32768}, 8).state_f16);  // P7: the wgmma split pass
   EXPECT_EQ(plan({32768}, 8).records(), gpu::RecordForm::kWgmma);
   Problem ckpt = shapes({8192}, 96);
@@ -206,6 +202,7 @@ TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
   k_major.state_layout = StateLayout::kKV;
   EXPECT_TRUE(gpu::plan_prefill(k_major, kH200Multiprocessors).state_f16);
   const ScopedEnv env{{"FLASHKDA_STATE_F16", "0"}};
+  EXPECT_FALSE(plan({8192}, 64).state_f16);
   for (size_t i = 0; i < cases.size(); ++i) {
     const PrefillPlan p = plan(cases[i].first, cases[i].second);
     EXPECT_FALSE(p.state_f16);

@@ -293,18 +293,16 @@ bool use_wgmma(const Problem& p) {
 }
 
 // The fp16 step (state_step_f16.cuh; docs/perf-notes.md, "fp16 as the state step's MMA type"):
-// the persistent pass and the 8x1 per-item pass, with checkpoints and K-major states too.
+// the persistent pass and the 8x1 and 4x1 per-item passes, with checkpoints and K-major states too.
 // Measured at 350167e (one H100, two runs each, FLASHKDA_STATE_F16=0 against the default): P2
-// 1.187 -> 1.015, P6 0.800 -> 0.680, P1-ckpt 1.336 -> 1.105; on the 4x1 layout slower (P4 0.796
-// -> 0.825, P10 1.587 -> 1.632), which keeps the tf32 step (FLASHKDA_STATE_F16=1 forces the fp16
-// one there too). The split pass keeps its own (wgmma or tf32 mma.sync). FLASHKDA_STATE_F16=0:
-// the tf32 step everywhere (A/B).
+// 1.187 -> 1.015, P6 0.800 -> 0.680, P1-ckpt 1.336 -> 1.105; the 4x1 layout was slower then (P4
+// 0.796 -> 0.825) until b15ea70 took the branches out of its v loads: forced there at b15ea70, P4
+// 0.803 -> 0.708, P10 1.623 -> 1.400 (one H100, two runs each). The split pass keeps its own
+// (wgmma or tf32 mma.sync). FLASHKDA_STATE_F16=0: the tf32 step everywhere (A/B).
 bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
-  const int forced = forced_switch("FLASHKDA_STATE_F16");
-  if (forced == 0) return false;
+  if (forced_switch("FLASHKDA_STATE_F16") == 0) return false;
   if (plan.pass == PrefillPlan::Pass::kPersistent) return true;
-  if (plan.pass != PrefillPlan::Pass::kPerItem || c.key_parts != 1) return false;
-  return c.value_slices == 8 || (c.value_slices == 4 && forced == 1);
+  return plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4);
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
