@@ -256,11 +256,11 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
     const double x = (softplus ? kTailRateSplitSoftplus : kTailRateSplitSafe) * per_record;
     share = kTailSplitMargin * x / (1.0 + x);
   }
-  if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {
+  share = std::min(share, 0.5);
+  if (const char* forced = std::getenv("FLASHKDA_PREP_TAIL_SHARE")) {  // not capped: measurements past 0.5
     if (std::sscanf(forced, "%lf", &share) != 1 || !(share > 0.0 && share < 1.0))
       fail(ErrorCode::kInvalidArgument, "FLASHKDA_PREP_TAIL_SHARE: expected a fraction in (0, 1), got '", forced, "'");
   }
-  share = std::min(share, 0.5);
   // Of each segment's chunks, and never more than the last (shortest) segment holds.
   const int64_t per = (chunks + segments - 1) / segments, last = chunks - (segments - 1) * per;
   const int64_t per_segment = std::min(static_cast<int64_t>(share * static_cast<double>(per)), last);
