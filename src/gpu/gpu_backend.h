@@ -42,7 +42,6 @@ struct PrefillPlan {
   };
   Pass pass = Pass::kPerItem;
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
-  bool narrow = false;                  // kPerItem: slices of 8 value columns (state_narrow_kernel.cu)
   int multiprocessors = 0;
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor

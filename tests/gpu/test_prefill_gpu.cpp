@@ -199,7 +199,7 @@ TEST_P(GpuPrefillLayout, MatchesOracle) {
   expect_matches_oracle(large);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4", "8n", "4n"));
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuPrefillLayout, ::testing::Values("8x1", "4x1", "2x2", "1x4"));
 
 // A suite that forces one launcher path of the chunked prefill on (its variable set to 1) for
 // each of its tests, on the chunked kernels even where a call is decode-shaped.
@@ -419,11 +419,10 @@ class GpuPrefillF16 : public GpuPrefillForced, public ::testing::WithParamInterf
  protected:
   GpuPrefillF16() : GpuPrefillForced("FLASHKDA_STATE_F16") {}
   bool persistent() const { return std::string(GetParam()) == "persistent"; }
-  bool narrow() const { return std::string(GetParam()) == "narrow"; }
   void SetUp() override {
     GpuPrefillForced::SetUp();
     if (persistent()) setenv("FLASHKDA_PERSISTENT", "1", 1);
-    else setenv("FLASHKDA_STATE_CONFIG", narrow() ? "8n" : "8x1", 1);
+    else setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
   }
   void TearDown() override {
     unsetenv("FLASHKDA_PERSISTENT");
@@ -472,14 +471,13 @@ TEST_P(GpuPrefillF16, LargeAndSmallValuesTakeTheRescale) {
 
 // The prep tail (one sequence, the per-item 8x1 pass) writes F16Records as the prep grid does.
 TEST_P(GpuPrefillF16, PrepTailMatchesOnePrepGridBitForBit) {
-  if (persistent() || narrow()) GTEST_SKIP() << "the prep tail runs beside the per-item 8x1 pass only";
+  if (persistent()) GTEST_SKIP() << "the prep tail runs beside the per-item pass only";
   expect_prep_tail_bit_for_bit(3000, 6, 630, "0.2");
 }
 
-INSTANTIATE_TEST_SUITE_P(Passes, GpuPrefillF16, ::testing::Values("per-item", "persistent", "narrow"),
+INSTANTIATE_TEST_SUITE_P(Passes, GpuPrefillF16, ::testing::Values("per-item", "persistent"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           const std::string pass = info.param;
-                           return pass == "persistent" ? "Persistent" : pass == "narrow" ? "Narrow" : "PerItem";
+                           return std::string(info.param) == "persistent" ? "Persistent" : "PerItem";
                          });
 
 // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:

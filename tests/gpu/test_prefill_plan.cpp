@@ -211,33 +211,6 @@ TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
   }
 }
 
-// FLASHKDA_STATE_CONFIG=8n / 4n: the narrow layout (state_narrow_kernel.cu) on the plain per-item
-// pass; a call it does not take (checkpoints, K-major states, the tf32 step) runs the 16-column
-// layout of as many slices, and neither it nor the 8x1 form it replaces takes a prep tail.
-TEST(PrefillPlan, TheNarrowLayoutWhereForced) {
-  for (const char* layout : {"8n", "4n"}) {
-    SCOPED_TRACE(layout);
-    const ScopedEnv env{{"FLASHKDA_STATE_CONFIG", layout}};
-    const PrefillPlan p = plan({8192}, 64);
-    EXPECT_EQ(p.pass, Pass::kPerItem);
-    EXPECT_TRUE(p.narrow);
-    EXPECT_TRUE(p.state_f16);
-    EXPECT_EQ(p.value_slices, layout[0] - '0');
-    EXPECT_EQ(p.tail_sms, 0);
-    EXPECT_TRUE(plan(std::vector<int64_t>(8, 1024), 96).narrow);  // not the persistent pass
-    Problem ckpt = shapes({8192}, 64);
-    ckpt.checkpoint_offsets = kUnreadOffsets;
-    ckpt.checkpoints = 1;
-    EXPECT_FALSE(gpu::plan_prefill(ckpt, kH200Multiprocessors).narrow);
-    Problem k_major = shapes({8192}, 64);
-    k_major.state_layout = StateLayout::kKV;
-    EXPECT_FALSE(gpu::plan_prefill(k_major, kH200Multiprocessors).narrow);
-    const ScopedEnv tf32{{"FLASHKDA_STATE_F16", "0"}};
-    EXPECT_FALSE(plan({8192}, 64).narrow);
-  }
-  EXPECT_FALSE(plan({8192}, 64).narrow);
-}
-
 // The tail's chunks and the prep grid's together are every chunk once, each where holds() says;
 // the tail's come position by position (every segment's first tail chunk, then its second, ...),
 // each segment's in order. Geometries: P7's and P11's splits, P1's one segment, and a sequence

@@ -53,14 +53,12 @@ StateConfig choose_state_config(int64_t seq_heads, int sms) {
   return {1, 4};
 }
 
-// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) or Vn (8n, 4n: the narrow layout) overrides the
-// choice: tests run every layout.
+// FLASHKDA_STATE_CONFIG=VxK (8x1, 4x1, 2x2, 1x4) overrides the choice: tests run every layout.
 StateConfig state_config(int64_t seq_heads, int sms) {
   if (const char* forced = std::getenv("FLASHKDA_STATE_CONFIG")) {
     StateConfig c{0, 0};
     if (std::sscanf(forced, "%dx%d", &c.value_slices, &c.key_parts) == 2) return c;
-    if (std::strcmp(forced, "8n") == 0 || std::strcmp(forced, "4n") == 0) return {forced[0] - '0', 1, true};
-    fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, or 8n or 4n, got '", forced, "'");
+    fail(ErrorCode::kInvalidArgument, "FLASHKDA_STATE_CONFIG: expected VxK such as 2x2, got '", forced, "'");
   }
   return choose_state_config(seq_heads, sms);
 }
@@ -156,7 +154,7 @@ bool use_persistent(const Problem& p, StateConfig c, int sms) {
   if (p.state_layout != StateLayout::kVK) return false;  // it stages V-major rows of the initial state
   if (p.initial_slots * p.H > INT32_MAX) return false;     // through a tensor map: int32 (slot, head) coordinates
   if (const int forced = forced_switch("FLASHKDA_PERSISTENT"); forced >= 0) return forced == 1;
-  return !c.narrow && c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
+  return c.value_slices == 8 && c.key_parts == 1 && p.N * p.H >= 2 * sms;
 }
 
 // The prep tail's workspace: its chunk counter, multiprocessor count and count of records written
@@ -243,7 +241,7 @@ constexpr double kTailSplitMargin = 0.9;
 
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   const bool split = plan.pass == PrefillPlan::Pass::kSplit && plan.split_wgmma;  // N = 1, V-major, no checkpoints
-  const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem && !c.narrow && c.value_slices == 8 && p.N == 1 &&
+  const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && p.N == 1 &&
                         !p.checkpoint_offsets && p.state_layout == StateLayout::kVK;
   if (!(split || per_item) || forced_switch("FLASHKDA_PREP_TAIL") == 0) return;
   const int segments = split ? plan.split_segments : 1;
@@ -284,10 +282,8 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
 bool starts_after_prep(const Problem& p, const PrefillPlan& plan) {
   if (p.total_tokens == 0 || plan.tail_sms > 0 || forced_switch("FLASHKDA_STATE_PDL") == 0) return false;
   if (plan.pass != PrefillPlan::Pass::kPerItem) return true;
-  // launch_state: 4x1, 2x2; launch_state_narrow: 4n
-  const bool two_a_multiprocessor = plan.narrow ? plan.value_slices == 4 : plan.value_slices == 4 || plan.value_slices == 2;
-  const StateConfig c{plan.value_slices, plan.key_parts, plan.narrow};
-  return !two_a_multiprocessor || p.N * p.H * c.blocks_per_head() > plan.multiprocessors;
+  const bool two_a_multiprocessor = plan.value_slices == 4 || plan.value_slices == 2;  // launch_state: 4x1, 2x2
+  return !two_a_multiprocessor || p.N * p.H * (8 / plan.value_slices) > plan.multiprocessors;
 }
 
 // The experimental wgmma state pass (state_wgmma_kernel.cu): only when FLASHKDA_STATE_WGMMA=1
@@ -307,14 +303,6 @@ bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
   if (forced_switch("FLASHKDA_STATE_F16") == 0) return false;
   if (plan.pass == PrefillPlan::Pass::kPersistent) return true;
   return plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4);
-}
-
-// The narrow layout (state_narrow_kernel.cu) takes the plain per-item pass on the fp16 step; a
-// call it does not take (checkpoints, K-major states, the tf32 step) runs the 16-column layout
-// of as many slices a block.
-bool narrow_applies(const Problem& p, const PrefillPlan& plan) {
-  return plan.pass == PrefillPlan::Pass::kPerItem && plan.state_f16 && !p.checkpoint_offsets &&
-         p.state_layout == StateLayout::kVK;
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
@@ -360,8 +348,6 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   }
 
   plan.state_f16 = use_f16_step(plan, c);
-  c.narrow = c.narrow && narrow_applies(p, plan);
-  plan.narrow = c.narrow;
   plan.record_bytes = static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
@@ -445,10 +431,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   state.ready = tail.ready;
   state.tail_done = tail.done;
   state.tail_chunks = tail.chunks;
-  if (plan.pass == PrefillPlan::Pass::kPerItem && plan.narrow) {
-    launch_state_narrow(state, plan.value_slices, stream);
-    return;
-  }
   if (plan.pass == PrefillPlan::Pass::kPerItem) {
     launch_state(state, config, stream);
     return;

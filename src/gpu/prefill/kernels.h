@@ -182,12 +182,9 @@ struct StitchChain {
 
 // How the state pass is laid out: a block holds `value_slices` slices of 16 value columns of one
 // head, each slice split over `key_parts` warps by key channels. Supported: 8x1, 4x1, 2x2, 1x4.
-// narrow: slices of 8 columns, one warp each (8n, 4n; state_narrow_kernel.cu, key_parts 1).
 struct StateConfig {
   int value_slices;
   int key_parts;
-  bool narrow = false;
-  int blocks_per_head() const { return (narrow ? 16 : 8) / value_slices; }
 };
 
 // Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see
@@ -199,8 +196,6 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 // right after it (launch_state and launch_state_wgmma launch it programmatically).
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream);
 void launch_state(const StateParams& p, StateConfig config, cudaStream_t stream);
-// The narrow layout's plain pass (F16Records, V-major states, no checkpoints): value_slices 8 or 4.
-void launch_state_narrow(const StateParams& p, int value_slices, cudaStream_t stream);
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream);
 // The experimental wgmma state pass (state_wgmma_kernel.cu): records in WgmmaRecord's layout,
 // per item, V-major states, no checkpoints; one block of 256 threads per (sequence, head).
