@@ -64,7 +64,6 @@ struct PrefillPlan {
   // multiprocessors the state grid leaves idle; 0: no tail.
   int tail_per_segment = 0;
   int tail_sms = 0;
-  int tail_blocks_per_sm = 0;  // the tail blocks each of them keeps (six; fewer beside the 4x1 blocks)
   // The state pass starts programmatically after the prep grid (StateParams::after_prep;
   // starts_after_prep in prefill_launch.cu says where). FLASHKDA_STATE_PDL=0: never.
   bool state_after_prep = false;

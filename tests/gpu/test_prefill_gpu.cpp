@@ -413,8 +413,7 @@ TEST_F(GpuPrefillWgmma, LongSequencesLargeStatesAndTheSoftplusGate) {
 // Every state row carries a power-of-two scale that a warp rescales where a row's bound or its
 // update leaves [2^-6, 2^14]: the large states, |v| ~ 1e4 and |v| ~ 1e-4 cases take that branch
 // from both sides (relative error is scale-free: the bar is the same).
-void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share,
-                                  bool forced_on = false);  // below
+void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share);  // below
 
 class GpuPrefillF16 : public GpuPrefillForced, public ::testing::WithParamInterface<const char*> {
  protected:
@@ -497,9 +496,7 @@ TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
 // A call of one sequence of `tokens` on `heads` heads, both gates: its outputs with the launcher's
 // prep tail and with `forced_share`, two runs each, bit for bit those of the prep kernel alone
 // (FLASHKDA_PREP_TAIL=0), then against the oracle. The tail only moves where records are written.
-// forced_on: a tail the launcher takes only where FLASHKDA_PREP_TAIL=1 asks for it.
-void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share,
-                                  bool forced_on) {
+void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, const char* forced_share) {
   for (const Gate gate : {Gate::kSafe, Gate::kSoftplus}) {
     SCOPED_TRACE(gate == Gate::kSoftplus ? "softplus gate" : "safe gate");
     ProblemSpec spec = packed({tokens}, heads, seed);
@@ -509,8 +506,7 @@ void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, 
     DeviceProblem dev(host);
     setenv("FLASHKDA_PREP_TAIL", "0", 1);
     const DeviceProblem::Outputs base = dev.run_fresh();
-    if (forced_on) setenv("FLASHKDA_PREP_TAIL", "1", 1);
-    else unsetenv("FLASHKDA_PREP_TAIL");
+    unsetenv("FLASHKDA_PREP_TAIL");
     for (const char* share : {"", forced_share}) {
       if (*share) setenv("FLASHKDA_PREP_TAIL_SHARE", share, 1);
       for (int run = 0; run < 2; ++run)
@@ -518,7 +514,6 @@ void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, 
       unsetenv("FLASHKDA_PREP_TAIL_SHARE");
     }
     expect_matches_oracle(host);
-    unsetenv("FLASHKDA_PREP_TAIL");
   }
 }
 
@@ -528,14 +523,6 @@ void expect_prep_tail_bit_for_bit(int64_t tokens, int64_t heads, uint64_t seed, 
 TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
   setenv("FLASHKDA_STATE_CONFIG", "8x1", 1);
   expect_prep_tail_bit_for_bit(3000, 6, 33, "0.2");
-  unsetenv("FLASHKDA_STATE_CONFIG");
-}
-
-// The tail beside the fp16 4x1 pass (FLASHKDA_PREP_TAIL=1: on every multiprocessor, three blocks
-// or two beside each state block), at its default share and a large forced one.
-TEST_F(GpuPrefill, PrepTailBeside4x1MatchesOnePrepGridBitForBit) {
-  setenv("FLASHKDA_STATE_CONFIG", "4x1", 1);
-  expect_prep_tail_bit_for_bit(3000, 6, 34, "0.6", true);
   unsetenv("FLASHKDA_STATE_CONFIG");
 }
 

@@ -211,26 +211,6 @@ TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
   }
 }
 
-// FLASHKDA_PREP_TAIL=1: P4's 4x1 pass takes a prep tail on every multiprocessor, three blocks
-// each beside the state block (two with the softplus gate); the tf32 step's 4x1 pass never does.
-TEST(PrefillPlan, ThePrepTailBesideThe4x1PassWhereForced) {
-  EXPECT_EQ(plan({8192}, 64).tail_sms, 0);
-  const ScopedEnv env{{"FLASHKDA_PREP_TAIL", "1"}};
-  const PrefillPlan p = plan({8192}, 64);
-  EXPECT_EQ(p.value_slices, 4);
-  EXPECT_EQ(p.tail_sms, kH200Multiprocessors);
-  EXPECT_EQ(p.tail_blocks_per_sm, 3);
-  EXPECT_GT(p.tail_per_segment, 0);
-  EXPECT_LT(p.tail_per_segment, 512);
-  EXPECT_FALSE(p.state_after_prep);  // the state grid follows the tail's grid
-  Problem softplus = shapes({8192}, 64);
-  softplus.gate = Gate::kSoftplus;
-  EXPECT_EQ(gpu::plan_prefill(softplus, kH200Multiprocessors).tail_blocks_per_sm, 2);
-  EXPECT_EQ(plan({8192}, 96).tail_blocks_per_sm, 6);  // P1's tail on the idle multiprocessors: six
-  const ScopedEnv tf32{{"FLASHKDA_STATE_F16", "0"}};
-  EXPECT_EQ(plan({8192}, 64).tail_sms, 0);
-}
-
 // The tail's chunks and the prep grid's together are every chunk once, each where holds() says;
 // the tail's come position by position (every segment's first tail chunk, then its second, ...),
 // each segment's in order. Geometries: P7's and P11's splits, P1's one segment, and a sequence

@@ -187,7 +187,7 @@ PrepTail tail_hand_off(uint8_t* region, const Problem& p, const PrefillPlan& pla
           reinterpret_cast<uint32_t*>(region + kTailCounterBytes + 2 * kTailSmBytes),
           reinterpret_cast<unsigned*>(region + sizeof(unsigned long long) + sizeof(unsigned)),
           plan.tail_sms,
-          plan.tail_blocks_per_sm};
+          kTailBlocksPerSm};
 }
 
 // The persistent pass's item counter: one 8-byte counter on a 128-byte line of its own, then
@@ -239,31 +239,19 @@ constexpr double kTailShareSafe = 0.84, kTailShareSoftplus = 0.67;  // 8x1: time
 constexpr double kTailRateSplitSafe = 0.94, kTailRateSplitSoftplus = 0.77;  // split: t / r
 constexpr double kTailSplitMargin = 0.9;
 
-// The tail beside the 4x1 pass (one sequence on 33-66 heads, P4: two blocks a head, one a
-// multiprocessor on 128 of them): its fp16 chain leaves most of each multiprocessor's issue slots
-// (466 instructions a warp-step, one warp a scheduler, ~0.7 us a step), so the tail runs on every
-// multiprocessor beside the state block, three blocks each (two with the softplus gate's 96
-// registers): 3 x 35 KB + the 4x1 block's 107 KB of stages, 3 x 10240 + 160 x 184 registers.
-constexpr int kTailBesideBlocks = 3, kTailBesideBlocksSoftplus = 2;
-constexpr double kTailShareBeside = 0.3;
-
 void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   const bool split = plan.pass == PrefillPlan::Pass::kSplit && plan.split_wgmma;  // N = 1, V-major, no checkpoints
   const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 8 && p.N == 1 &&
                         !p.checkpoint_offsets && p.state_layout == StateLayout::kVK;
-  const bool beside = plan.pass == PrefillPlan::Pass::kPerItem && c.value_slices == 4 && c.key_parts == 1 &&
-                      plan.state_f16 && p.N == 1 && !p.checkpoint_offsets && p.state_layout == StateLayout::kVK &&
-                      forced_switch("FLASHKDA_PREP_TAIL") == 1;  // an experiment: only where forced
-  if (!(split || per_item || beside) || forced_switch("FLASHKDA_PREP_TAIL") == 0) return;
+  if (!(split || per_item) || forced_switch("FLASHKDA_PREP_TAIL") == 0) return;
   const int segments = split ? plan.split_segments : 1;
   const int64_t blocks = p.H * (split ? 2 * segments - 1 : 1);  // a block a head (and run) a multiprocessor
-  const int64_t idle = beside ? plan.multiprocessors : plan.multiprocessors - blocks;
+  const int64_t idle = plan.multiprocessors - blocks;
   const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
   if (idle < kMinTailSms || chunks < kMinTailChunks) return;
   const bool softplus = p.gate == Gate::kSoftplus;
   const double per_record = static_cast<double>(idle) / static_cast<double>(segments * p.H);  // I / (S H)
   double share = (softplus ? kTailShareSoftplus : kTailShareSafe) * per_record;
-  if (beside) share = kTailShareBeside;
   if (split) {
     const double x = (softplus ? kTailRateSplitSoftplus : kTailRateSplitSafe) * per_record;
     share = kTailSplitMargin * x / (1.0 + x);
@@ -279,7 +267,6 @@ void plan_tail(const Problem& p, StateConfig c, PrefillPlan& plan) {
   if (per_segment < 1) return;
   plan.tail_per_segment = static_cast<int>(per_segment);
   plan.tail_sms = static_cast<int>(idle);
-  plan.tail_blocks_per_sm = !beside ? kTailBlocksPerSm : softplus ? kTailBesideBlocksSoftplus : kTailBesideBlocks;
   plan.tail_bytes = kTailCounterBytes + 2 * kTailSmBytes +
                     static_cast<size_t>(num_chunk_slots(p.total_tokens, p.N) * p.H) * sizeof(uint32_t);
 }

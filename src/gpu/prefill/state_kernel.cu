@@ -55,13 +55,13 @@ __device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t s
 // beside the chunk loop of the plain kernel (a check per chunk, or a second copy of the loop)
 // cost P1, P3 and P7 3-8%.
 //
-// kTail: the 8x1 form (and the fp16 4x1 one) with a prep tail (PrepTail in kernels.h): launched
-// right after the tail's prep grid, its producer waits on the tail records' ready flags, and the
-// consumers wait for the prep grid to finish before they exit (the work after the call, the next
-// call's zeroing of the flags among it, must find it done). A kernel of its own, so the plain
-// kernels stay as measured.
+// kTail: the 8x1 form with a prep tail (PrepTail in kernels.h): launched right after the tail's
+// prep grid, its producer waits on the tail records' ready flags, and the consumers wait for the
+// prep grid to finish before they exit (the work after the call, the next call's zeroing of the
+// flags among it, must find it done). A kernel of its own, so the plain 8x1 kernel stays as
+// measured.
 //
-// kF16: the KS = 1 layouts (8x1 plain, tail and serving; 4x1 plain, tail and serving) on F16Records,
+// kF16: the KS = 1 layouts (8x1 plain, tail and serving; 4x1 plain and serving) on F16Records,
 // the fp16 step (state_step_f16.cuh): each warp's state rows at a scale of their own (RowScale),
 // applied after the load, taken off before the final store and applied as checkpoints are
 // stored (the registers keep theirs: a checkpoint is a prefix prefill's state bit for bit).
@@ -80,8 +80,7 @@ static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLay
 template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
-  static_assert(!kTail || ((VW == 8 || (VW == 4 && kF16)) && !kSplit && !kServing),
-                "the prep tail runs beside the plain 8x1 pass and the fp16 4x1 one");
+  static_assert(!kTail || (VW == 8 && !kSplit && !kServing), "the prep tail runs beside the plain 8x1 pass");
   static_assert(!kF16 || (KS == 1 && (VW == 8 || VW == 4) && !kSplit), "the fp16 step: the 8x1 and 4x1 forms");
   using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
@@ -230,7 +229,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
     const bool serving = p.checkpoints.count > 0 || p.k_major;
     if constexpr (KS == 1) {
       if (p.f16_records && serving) return launch_state_config<VW, KS, BLOCKS, false, true, false, true>(p, stream);
-      if constexpr (VW == 8 || VW == 4) {
+      if constexpr (VW == 8) {
         if (p.f16_records && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true>(p, stream);
       }
       if (p.f16_records) return launch_state_config<VW, KS, BLOCKS, false, false, false, true>(p, stream);
@@ -240,7 +239,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
       if (p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true>(p, stream);
     }
   }
-  if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 and fp16 4x1 passes run beside a prep tail");
+  if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 pass runs beside a prep tail");
   if (p.f16_records && !kF16) fail(ErrorCode::kInternal, "state kernel: only the 8x1 and 4x1 passes take the fp16 step");
   constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail, kF16>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
