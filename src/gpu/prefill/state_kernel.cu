@@ -192,7 +192,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     auto step = [&](int c) {
       ring.wait_full(at);
       if constexpr (kF16Wgmma) {
-        chunk_step_f16_wgmma<VW == 4 ? 2 : 1>(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,
+        chunk_step_f16_wgmma(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,
                              out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       } else if constexpr (kF16) {
         chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,

@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       const int left = len - c * kChunk;
       uint16_t* const out_chunk = out_head + int64_t{c} * kChunk * out_row_stride;
       if constexpr (kF16Wgmma) {
-        chunk_step_f16_wgmma<1>(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,
+        chunk_step_f16_wgmma(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,
                              left < kChunk ? left : kChunk, out_row_stride);
       } else if constexpr (kF16) {
         chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,

@@ -1,7 +1,7 @@
 // The fp16 chunk step with its three state products on wgmma (FLASHKDA_STATE_F16_WGMMA=1): the
 // arithmetic of chunk_step_f16 (state_step_f16.cuh: the same row scales, products, tests and
 // rescaling), for the 4 warps of a warpgroup together, on F16WgmmaRecords:
-//   X^ = S^ Wk^T, P^ = S^ Qe^T  m64n16k16 x 8 each (A = S^ packed to fp16 from its registers)
+//   [X^ | P^] = S^ [Wk | Qe]^T  m64n32k16 x 8 (A = S^ packed to fp16 from its registers)
 //   S^ = D S^ + fp16(U^) Kr     m64n128k16 x 1 (the state's registers the accumulator)
 // The record's Wk, Qe and Kr are read from shared memory once a warpgroup, not once a warp (the
 // 8x1 block's shared-memory pipe is its limit, docs/perf-notes.md). W V and the out rows' M
@@ -14,9 +14,7 @@
 
 namespace flashkda::gpu::state_pass {
 
-// kChains: accumulators a product (its k-steps dealt out in turn), for shorter wgmma chains where
-// the registers allow (the 8x1 and persistent blocks' nine warps cap a thread at 168: one each).
-template <int kChains, typename OutT>
+template <typename OutT>
 __device__ __forceinline__ void chunk_step_f16_wgmma(float (&acc)[kNTiles][4], RowScale& sc, const uint8_t* rec,
                                                      const F16LaneOffsets& o, int vbase, int lane, OutT* out_chunk,
                                                      int count, int64_t out_row_stride) {
@@ -33,36 +31,26 @@ __device__ __forceinline__ void chunk_step_f16_wgmma(float (&acc)[kNTiles][4], R
     as[j][3] = ptx::pack_f16x2(acc[2 * j + 1][2], acc[2 * j + 1][3]);
     ptx::fence_operands(as[j]);
   }
-  // X^ first (the update waits on it), then P^ (only the out rows do): two commit groups.
-  float x[kChains][8], pc[kChains][8];  // n-blocks 0, 1: tokens 0..7, 8..15
+  float xp[16];  // X^ in n-blocks 0, 1 (tokens 0..7, 8..15), P^ in 2, 3
   ptx::fence_operands(s);
   ptx::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < kNTiles / 2; ++j)
-    ptx::wgmma_f16<16>(x[j % kChains], as[j], tile_desc(rec_desc, Record::kWkQe + Record::kKStepTile * j), j >= kChains);
-  ptx::wgmma_commit();
-#pragma unroll
-  for (int j = 0; j < kNTiles / 2; ++j)
-    ptx::wgmma_f16<16>(pc[j % kChains], as[j], tile_desc(rec_desc, Record::kWkQe + Record::kKStepTile * j + 2 * 256),
-                       j >= kChains);
+    ptx::wgmma_f16<32>(xp, as[j], tile_desc(rec_desc, Record::kWkQe + Record::kKStepTile * j), j > 0);
   ptx::wgmma_commit();
   float wv[2][4];
   form_wv<Record>(rec, o.m, vbase, lane, count, wv);  // mma.sync while the wgmmas run
-  ptx::wgmma_wait<1>();  // X^
-#pragma unroll
-  for (int k = 0; k < kChains; ++k) ptx::fence_operands(x[k]);
+  ptx::wgmma_wait<0>();
+  ptx::fence_operands(xp);
 
-  const float up[2] = {sc.up[0], sc.up[1]};  // P^'s scale: the rows' before any rescale below
-  float u[2][4], su[2] = {0.0f, 0.0f};
+  float P[2][4], u[2][4], su[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = i >> 1;
-      float xs = x[0][4 * nt + i];
-#pragma unroll
-      for (int k = 1; k < kChains; ++k) xs += x[k][4 * nt + i];
-      u[nt][i] = fmaf(wv[nt][i], sc.down[r], -xs);
+      P[nt][i] = xp[8 + 4 * nt + i] * sc.up[r];
+      u[nt][i] = fmaf(wv[nt][i], sc.down[r], -xp[4 * nt + i]);
       su[r] += fabsf(u[nt][i]);
     }
   bool outside = false;
@@ -90,19 +78,6 @@ __device__ __forceinline__ void chunk_step_f16_wgmma(float (&acc)[kNTiles][4], R
   ptx::wgmma_fence();
   ptx::wgmma_f16<128>(s, ua, tile_desc(rec_desc, Record::kKr), true);
   ptx::wgmma_commit();
-  ptx::wgmma_wait<1>();  // P^ (the update may still run)
-#pragma unroll
-  for (int k = 0; k < kChains; ++k) ptx::fence_operands(pc[k]);
-  float P[2][4];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float ps = pc[0][4 * nt + i];
-#pragma unroll
-      for (int k = 1; k < kChains; ++k) ps += pc[k][4 * nt + i];
-      P[nt][i] = ps * up[i >> 1];
-    }
   finish_out_rows<Record>(P, wv, rec, o.m, vbase, lane, out_chunk, count, out_row_stride);
   ptx::wgmma_wait<0>();  // the update has read Kr: the stage may be released
   ptx::fence_operands(s);

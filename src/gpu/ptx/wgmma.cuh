@@ -126,17 +126,6 @@ template <int N>
 __device__ void wgmma_f16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate);
 
 template <>
-__device__ __forceinline__ void wgmma_f16<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %14, 0;\n .reg .b64 desc;\n mov.b64 desc, {%12, %13};\n"
-      " wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, desc, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(static_cast<uint32_t>(b_desc)), "r"(static_cast<uint32_t>(b_desc >> 32)),
-        "r"(static_cast<uint32_t>(accumulate))
-      : "memory");
-}
-template <>
 __device__ __forceinline__ void wgmma_f16<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %22, 0;\n .reg .b64 desc;\n mov.b64 desc, {%20, %21};\n"
