@@ -108,14 +108,6 @@ for step in $steps; do
       done
       run_step "tests prefill, tf32 step" "$OUT/gpu-tests.log" 300 env FLASHKDA_STATE_F16=0 "$TEST_DIR/test_prefill_gpu" \
         --gtest_filter='Lengths/GpuPrefillLength.*:Heads/*:Layouts/*:GpuPrefillPersistent.*:GpuPrefill.PrepTail*:GpuPrefill.Softplus*:GpuPrefill.LargeInitialState'
-      # The fp16 step's products on wgmma (FLASHKDA_STATE_F16_WGMMA=1: the plain 8x1, 4x1 and persistent
-      # passes; checkpoint and K-major calls keep the mma.sync step) on the prefill and pool suites.
-      run_step "tests prefill, fp16 wgmma step" "$OUT/gpu-tests.log" 300 env FLASHKDA_STATE_F16_WGMMA=1 "$TEST_DIR/test_prefill_gpu" \
-        --gtest_filter='Lengths/GpuPrefillLength.*:Heads/*:Layouts/*:Passes/GpuPrefillF16.*:GpuPrefillPersistent.*:GpuPrefill.PrepTail*:GpuPrefill.SmallPrepTail:GpuPrefill.Softplus*:GpuPrefill.LargeInitialState:GpuPrefill.SmallVarlenWithStates'
-      for pass in FLASHKDA_PERSISTENT=0 FLASHKDA_PERSISTENT=1; do
-        run_step "tests pools+strided, fp16 wgmma step $pass" "$OUT/gpu-tests.log" 120 env $chunked_env FLASHKDA_STATE_F16_WGMMA=1 \
-          $pass "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:StridedInputs.*'
-      done
       run_step "tests pools+checkpoints, 4x1" "$OUT/gpu-tests.log" 120 env FLASHKDA_CUDA_KERNELS=auto FLASHKDA_STATE_CONFIG=4x1 \
         FLASHKDA_SPLIT=0 "$TEST_DIR/test_serving_gpu" --gtest_filter='StatePools.*:Checkpoints.*:StridedInputs.*'
       [ -x "$TEST_DIR/test_wgmma_step_gpu" ] && run_step "tests wgmma step prototype" "$OUT/gpu-tests.log" 60 \

@@ -71,10 +71,6 @@ struct PrefillPlan {
   // passes on the fp16 step (F16Records, state_step_f16.cuh); FLASHKDA_STATE_F16=0: the tf32 step
   // (ChunkRecords).
   bool state_f16 = false;
-  // With state_f16: the fp16 step's products on wgmma (F16WgmmaRecords), the plain 8x1 and 4x1
-  // per-item and persistent passes only; FLASHKDA_STATE_F16_WGMMA=1 (an experiment: nothing
-  // chooses it yet).
-  bool state_f16_wgmma = false;
   // Workspace, in this order: chunk records, then the persistent pass's item counter or the
   // split pass's fp32 buffers (3 (S - 1) [H, 128, 128] states, two [total, H, 128] row sets),
   // then the prep tail's hand-off (tail_offset()).
@@ -85,11 +81,7 @@ struct PrefillPlan {
   // The records in WgmmaRecord's layout (the wgmma state pass reads them), else ChunkRecord's.
   bool wgmma_records() const { return pass == Pass::kWgmma || split_wgmma; }
   // The layout the prep kernel writes and the state pass reads.
-  RecordForm records() const {
-    if (wgmma_records()) return RecordForm::kWgmma;
-    if (state_f16) return state_f16_wgmma ? RecordForm::kF16Wgmma : RecordForm::kF16;
-    return RecordForm::kTf32;
-  }
+  RecordForm records() const { return wgmma_records() ? RecordForm::kWgmma : state_f16 ? RecordForm::kF16 : RecordForm::kTf32; }
 
   size_t workspace_bytes() const {
     const size_t states = split_segments > 0 ? 3 * static_cast<size_t>(split_segments - 1) : 0;

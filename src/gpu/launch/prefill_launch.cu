@@ -305,15 +305,6 @@ bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
   return plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4);
 }
 
-// The fp16 step's products on wgmma (state_step_f16_wgmma.cuh): only where FLASHKDA_STATE_F16_WGMMA=1
-// asks, on the plain 8x1 and 4x1 per-item passes and the plain persistent pass (no checkpoints,
-// V-major states).
-bool use_f16_wgmma(const Problem& p, const PrefillPlan& plan) {
-  const bool per_item = plan.pass == PrefillPlan::Pass::kPerItem, persistent = plan.pass == PrefillPlan::Pass::kPersistent;
-  return forced_switch("FLASHKDA_STATE_F16_WGMMA") == 1 && (per_item || persistent) && !p.checkpoint_offsets &&
-         p.state_layout == StateLayout::kVK;
-}
-
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
 void check_limits(const Problem& p) {
   if (p.total_tokens > INT32_MAX)
@@ -357,7 +348,6 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   }
 
   plan.state_f16 = use_f16_step(plan, c);
-  plan.state_f16_wgmma = plan.state_f16 && use_f16_wgmma(p, plan);
   plan.record_bytes = static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
   plan_tail(p, c, plan);
   plan.state_after_prep = starts_after_prep(p, plan);
@@ -425,7 +415,6 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
   state.k_major = p.state_layout == StateLayout::kKV;
   state.after_prep = plan.state_after_prep;
   state.f16_records = plan.state_f16;
-  state.f16_wgmma = plan.state_f16_wgmma;
   if (plan.pass == PrefillPlan::Pass::kWgmma) {
     launch_state_wgmma(state, stream);
     return;

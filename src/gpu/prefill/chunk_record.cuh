@@ -74,59 +74,6 @@ struct F16Record {
 };
 static_assert(F16Record::kBytes % 128 == 0 && F16Record::kBytes == 14848, "the 14.5 KB record");
 
-// The fp16 step's record for its wgmma form (state_step_f16_wgmma.cuh, FLASHKDA_STATE_F16_WGMMA=1):
-// F16Record's size, W, M and exp(G_C), with Wk, Qe and Kr as the B tiles of ptx::wgmma_f16 (rows
-// of 16 fp16, core matrices of 8 rows x 16 bytes: the leading offset 128 bytes along the row, the
-// stride offset 256 along the rows), so that a warpgroup reads each once a step where every warp
-// of the mma.sync step reads its own fragments.
-//   WkQe [8 channel k-steps j][32 rows: Wk tokens 0..15, then Qe tokens 0..15][channels 16 j ..]
-//   Kr   [128 channel rows][16 tokens]
-struct F16WgmmaRecord {
-  static constexpr uint32_t kKStepTile = 2 * kChunk * 32;  // a k-step's 32 rows of 32 bytes
-  static constexpr uint32_t kWkQe = 0;
-  static constexpr uint32_t kKr = kWkQe + (kHeadDim / 16) * kKStepTile;
-  static constexpr uint32_t kW = kKr + kHeadDim * kChunk * 2;
-  static constexpr uint32_t kM = F16Record::kM;
-  static constexpr uint32_t kDecay = F16Record::kDecay;
-  static constexpr uint32_t kBytes = F16Record::kBytes;
-  // Element e (0..15) of row `row` of a tile of 16-element rows.
-  __host__ __device__ static constexpr uint32_t tile_offset(int row, int e) {
-    return static_cast<uint32_t>((row / 8) * 256 + (e / 8) * 128 + (row % 8) * 16 + (e % 8) * 2);
-  }
-  __host__ __device__ static constexpr uint32_t wk(int t, int k) { return kWkQe + (k / 16) * kKStepTile + tile_offset(t, k % 16); }
-  __host__ __device__ static constexpr uint32_t qe(int t, int k) {
-    return kWkQe + (k / 16) * kKStepTile + tile_offset(kChunk + t, k % 16);
-  }
-  __host__ __device__ static constexpr uint32_t kr(int t, int c) { return kKr + tile_offset(c, t); }
-  // The fp16 pair a lane holds in prep's mma C fragment of n-tile n, token half r (token g + 8 r,
-  // channels 8 n + 2 t4, + 1), in shifts and adds: for Wk (qe_rows 0) or Qe (qe_rows 1).
-  __host__ __device__ static constexpr uint32_t pair(int qe_rows, int n, int r, int lane) {
-    return kWkQe + static_cast<uint32_t>((n >> 1) * kKStepTile + (2 * qe_rows + r) * 256 + (n & 1) * 128 + (lane >> 2) * 16 +
-                                         (lane & 3) * 4);
-  }
-  // Channel c's tokens 8 half .. 8 half + 7 of Kr: 16 bytes.
-  __host__ __device__ static constexpr uint32_t kr_half(int c, int half) {
-    return kKr + static_cast<uint32_t>((c >> 3) * 256 + half * 128 + (c & 7) * 16);
-  }
-};
-static_assert(F16WgmmaRecord::kW == F16Record::kW, "W, M and exp(G_C) where F16Record has them");
-constexpr bool f16_wgmma_offsets_agree() {
-  using R = F16WgmmaRecord;
-  for (int n = 0; n < kHeadDim / 8; ++n)
-    for (int r = 0; r < 2; ++r)
-      for (int lane = 0; lane < 32; ++lane) {
-        const int t = lane / 4 + 8 * r, k = 8 * n + 2 * (lane % 4);
-        if (R::pair(0, n, r, lane) != R::wk(t, k) || R::pair(0, n, r, lane) + 2 != R::wk(t, k + 1) ||
-            R::pair(1, n, r, lane) != R::qe(t, k) || R::pair(1, n, r, lane) + 2 != R::qe(t, k + 1))
-          return false;
-      }
-  for (int c = 0; c < kHeadDim; ++c)
-    for (int t = 0; t < kChunk; ++t)
-      if (R::kr_half(c, t / 8) + 2 * (t % 8) != R::kr(t, c)) return false;
-  return true;
-}
-static_assert(f16_wgmma_offsets_agree(), "the lane offsets are wk's, qe's and kr's");
-
 // Byte offset of (row, slot) inside one k-step tile of a WgmmaRecord field (rows x 8 slots).
 __host__ __device__ constexpr uint32_t wgmma_tile_offset(int row, int slot) {
   return static_cast<uint32_t>((row / 8) * 256 + (slot / 4) * 128 + (row % 8) * 16 + (slot % 4) * 4);
@@ -225,14 +172,8 @@ template <>
 struct RecordOf<RecordForm::kF16> {
   using type = F16Record;
 };
-template <>
-struct RecordOf<RecordForm::kF16Wgmma> {
-  using type = F16WgmmaRecord;
-};
 __host__ __device__ constexpr uint32_t record_bytes(RecordForm f) {
-  return f == RecordForm::kWgmma                                 ? WgmmaRecord::kBytes
-         : f == RecordForm::kF16 || f == RecordForm::kF16Wgmma ? F16Record::kBytes
-                                                                 : ChunkRecord::kBytes;
+  return f == RecordForm::kWgmma ? WgmmaRecord::kBytes : f == RecordForm::kF16 ? F16Record::kBytes : ChunkRecord::kBytes;
 }
 static_assert(WgmmaRecord::kKr == 16384 && WgmmaRecord::kBytes == 28160, "the K = V = 128 record");
 static_assert(WgmmaRecordOf<32>::kBytes % 128 == 0 && WgmmaRecordOf<32>::kBytes == 61952, "the 32-token record");

@@ -119,9 +119,6 @@ struct StateParams {
   // F16Records and the fp16 step (state_step_f16.cuh): the 8x1 and 4x1 per-item passes and the
   // persistent pass (PrefillPlan::state_f16).
   bool f16_records = false;
-  // With f16_records: F16WgmmaRecords and the fp16 step's products on wgmma (state_step_f16_wgmma.cuh):
-  // the plain 8x1 and 4x1 per-item passes and the plain persistent pass (PrefillPlan::state_f16_wgmma).
-  bool f16_wgmma = false;
   // With a prep tail (PrepTail): the ready flags of the tail's records ([slots, H]), those of
   // tail_chunks, which the 8x1 per-item pass waits on one by one; nullptr: every record was
   // written before this grid. The wgmma split pass waits once a run instead, when it reaches its

@@ -180,9 +180,6 @@ __device__ __forceinline__ float softplus_log2_decay(float x, float neg_expA_log
   return a2 < kMin ? kMin : a2;
 }
 
-// The fp16 records (F16Record, F16WgmmaRecord): the same values, Wk, Qe and Kr placed apart.
-constexpr bool is_f16(RecordForm f) { return f == RecordForm::kF16 || f == RecordForm::kF16Wgmma; }
-
 template <RecordForm kForm>
 __device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot, int h) {
   constexpr int64_t kBytes = record_bytes(kForm);
@@ -196,15 +193,7 @@ __device__ __forceinline__ uint8_t* record_of(const PrepParams& p, int64_t slot,
 // 32 bytes of fp16 pairs (tokens 2 t4, + 1 then 2 t4 + 8, + 9 for t4 = 0..3): two 16-byte stores.
 template <RecordForm kForm>
 __device__ __forceinline__ void store_kr(uint8_t* rec, int c, const float (&kr)[kChunk]) {
-  if constexpr (kForm == RecordForm::kF16Wgmma) {
-    uint32_t w[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = ptx::pack_f16x2(kr[2 * i], kr[2 * i + 1]);  // tokens in order
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<uint4*>(rec + F16WgmmaRecord::kr_half(c, half)) =
-          make_uint4(w[4 * half], w[4 * half + 1], w[4 * half + 2], w[4 * half + 3]);
-  } else if constexpr (kForm == RecordForm::kF16) {
+  if constexpr (kForm == RecordForm::kF16) {
     uint32_t w[8];
 #pragma unroll
     for (int t4 = 0; t4 < 4; ++t4) {
@@ -469,7 +458,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
     }
     // F16Record: Kr stored now, as the softplus form does (kr's registers free for the rest; at
     // the end, the fp16 prep tail spilled 4 bytes under its 80-register bound).
-    if constexpr (is_f16(kForm)) store_kr<kForm>(record_of<kForm>(p, slot, h), c, kr);
+    if constexpr (kForm == RecordForm::kF16) store_kr<kForm>(record_of<kForm>(p, slot, h), c, kr);
     __syncthreads();
 
     // L = K~ K-^T and M = Q~ K-^T on the tensor cores (tf32), the channel halves added here.
@@ -639,9 +628,7 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // C fragment rows g + 8r = token half r of fragment 16 r + ntile
         const float2 x = make_float2(ptx::tf32_operand(wk[2 * r]), ptx::tf32_operand(wk[2 * r + 1]));
-        if constexpr (kForm == RecordForm::kF16Wgmma)
-          *reinterpret_cast<uint32_t*>(rec + F16WgmmaRecord::pair(0, ntile, r, lane)) = ptx::pack_f16x2(x.x, x.y);
-        else if constexpr (kForm != RecordForm::kF16) store_wk_pair<kForm>(rec, ntile, r, lane, x);
+        if constexpr (kForm != RecordForm::kF16) store_wk_pair<kForm>(rec, ntile, r, lane, x);
         else if (nl % 2 == 0) wk_even[r] = ptx::pack_f16x2(x.x, x.y);
         else store_f16_pairs(rec, F16Record::kWk, ntile / 2, r, lane, wk_even[r], x);
         *reinterpret_cast<float2*>(&sm.tile[0][g + 8 * r][ch + 2 * t4]) = x;
@@ -655,16 +642,14 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float2 x = make_float2(qe[2 * r], qe[2 * r + 1]);
-        if constexpr (kForm == RecordForm::kF16Wgmma)
-          *reinterpret_cast<uint32_t*>(rec + F16WgmmaRecord::pair(1, ntile, r, lane)) = ptx::pack_f16x2(x.x, x.y);
-        else if constexpr (kForm != RecordForm::kF16) store_qe_pair<kForm>(rec, ntile, r, lane, x.x, x.y);
+        if constexpr (kForm != RecordForm::kF16) store_qe_pair<kForm>(rec, ntile, r, lane, x.x, x.y);
         else if (nl % 2 == 0) qe_even[r] = ptx::pack_f16x2(x.x, x.y);
         else store_f16_pairs(rec, F16Record::kQe, ntile / 2, r, lane, qe_even[r], x);
       }
     }
   }
 
-  if constexpr (!kSoftplus && !is_f16(kForm)) store_kr<kForm>(rec, c, kr);
+  if constexpr (!kSoftplus && kForm != RecordForm::kF16) store_kr<kForm>(rec, c, kr);
   store_w_m_decay<kForm>(rec, sm.W, sm.M, c, e_C);
 }
 
@@ -764,25 +749,16 @@ __global__ void __launch_bounds__(kThreads, kSoftplus ? 5 : 6) prep_tail_kernel(
 
 using PrepKernel = void (*)(const PrepParams);
 
-// The instantiation for p's gate and record form (Kernel<kSoftplus, kForm>::fn).
-template <template <bool, RecordForm> typename Kernel>
-PrepKernel form_kernel(const PrepParams& p) {
-  auto pick = [&]<RecordForm F>() -> PrepKernel { return p.softplus_gate ? Kernel<true, F>::fn : Kernel<false, F>::fn; };
+// The instantiation for p's gate and record form: (safe, softplus) pairs of kTf32, kWgmma, kF16.
+template <typename Kernel>
+Kernel form_kernel(const PrepParams& p, Kernel tf32_safe, Kernel tf32_softplus, Kernel wgmma_safe, Kernel wgmma_softplus,
+                   Kernel f16_safe, Kernel f16_softplus) {
   switch (p.record_form) {
-    case RecordForm::kWgmma: return pick.template operator()<RecordForm::kWgmma>();
-    case RecordForm::kF16: return pick.template operator()<RecordForm::kF16>();
-    case RecordForm::kF16Wgmma: return pick.template operator()<RecordForm::kF16Wgmma>();
-    default: return pick.template operator()<RecordForm::kTf32>();
+    case RecordForm::kWgmma: return p.softplus_gate ? wgmma_softplus : wgmma_safe;
+    case RecordForm::kF16: return p.softplus_gate ? f16_softplus : f16_safe;
+    default: return p.softplus_gate ? tf32_softplus : tf32_safe;
   }
 }
-template <bool kSoftplus, RecordForm kForm>
-struct PrepGrid {
-  static constexpr PrepKernel fn = prep_kernel<kSoftplus, kForm>;
-};
-template <bool kSoftplus, RecordForm kForm>
-struct PrepTailGrid {
-  static constexpr PrepKernel fn = prep_tail_kernel<kSoftplus, kForm>;
-};
 
 }  // namespace
 
@@ -793,7 +769,9 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
   // P4 0.798 -> 0.787, P10 1.613 -> 1.608 (repeat 1.621 -> 1.585).
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(std::min(num_slots, kMaxGridY)),
                   static_cast<unsigned>((num_slots + kMaxGridY - 1) / kMaxGridY));
-  const PrepKernel kernel = form_kernel<PrepGrid>(p);
+  const auto kernel = form_kernel<PrepKernel>(p, prep_kernel<false, RecordForm::kTf32>, prep_kernel<true, RecordForm::kTf32>,
+                                              prep_kernel<false, RecordForm::kWgmma>, prep_kernel<true, RecordForm::kWgmma>,
+                                              prep_kernel<false, RecordForm::kF16>, prep_kernel<true, RecordForm::kF16>);
   size_t pad = 0;
   if (p.blocks_per_sm > 0) {  // blocks_per_sm + 1 blocks must not fit a multiprocessor's shared memory
     int device = 0, per_sm = 0, reserved = 0;
@@ -809,7 +787,10 @@ void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream) {
 }
 
 void launch_prep_tail(const PrepParams& p, int blocks, cudaStream_t stream) {
-  const PrepKernel kernel = form_kernel<PrepTailGrid>(p);
+  const auto kernel =
+      form_kernel<PrepKernel>(p, prep_tail_kernel<false, RecordForm::kTf32>, prep_tail_kernel<true, RecordForm::kTf32>,
+                              prep_tail_kernel<false, RecordForm::kWgmma>, prep_tail_kernel<true, RecordForm::kWgmma>,
+                              prep_tail_kernel<false, RecordForm::kF16>, prep_tail_kernel<true, RecordForm::kF16>);
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, false, "prep tail kernel", p);
 }
 

@@ -11,7 +11,6 @@ enum class RecordForm : int32_t {
   kTf32,   // ChunkRecord: the mma.sync passes' tf32 step (state_step.cuh)
   kWgmma,  // WgmmaRecord: the experimental wgmma pass (state_wgmma_step.cuh)
   kF16,    // F16Record: the 8x1, 4x1 and persistent passes' fp16 step (state_step_f16.cuh)
-  kF16Wgmma,  // F16WgmmaRecord: the fp16 step on wgmma (state_step_f16_wgmma.cuh; FLASHKDA_STATE_F16_WGMMA=1)
 };
 
 }  // namespace flashkda::gpu

@@ -20,7 +20,6 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/prefill/state_step_f16.cuh"
-#include "gpu/prefill/state_step_f16_wgmma.cuh"
 #include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
@@ -66,9 +65,6 @@ __device__ __forceinline__ void wait_tail_record(const StateParams& p, int64_t s
 // the fp16 step (state_step_f16.cuh): each warp's state rows at a scale of their own (RowScale),
 // applied after the load, taken off before the final store and applied as checkpoints are
 // stored (the registers keep theirs: a checkpoint is a prefix prefill's state bit for bit).
-//
-// kF16Wgmma: the fp16 step's products on wgmma (state_step_f16_wgmma.cuh, F16WgmmaRecords): the
-// plain 8x1 (with or without the prep tail) and 4x1 forms, FLASHKDA_STATE_F16_WGMMA=1.
 // Shared memory of a block beside its stages: two exchange areas per slice when KS > 1.
 template <int VW, int KS>
 constexpr int kExchangeBytes = KS > 1 ? 2 * VW * static_cast<int>(sizeof(SliceExchange<KS>)) : 0;
@@ -81,14 +77,12 @@ static_assert(kLayoutStages<8, 1, 1> == 6 && kLayoutStages<1, 4, 1> == 6 && kLay
                   kLayoutStages<2, 2, 2> == 3 && kLayoutStages<1, 4, 2> == 3,
               "8x1 / 1x4: 6 stages; 4x1: 4; 2x2 and the compact split: 3 (launch_state)");
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false,
-          bool kF16Wgmma = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __grid_constant__ StateParams p) {
   static_assert(!(kSplit && kServing), "checkpoint and K-major calls never take the split pass");
   static_assert(!kTail || (VW == 8 && !kSplit && !kServing), "the prep tail runs beside the plain 8x1 pass");
   static_assert(!kF16 || (KS == 1 && (VW == 8 || VW == 4) && !kSplit), "the fp16 step: the 8x1 and 4x1 forms");
-  static_assert(!kF16Wgmma || (kF16 && !kServing), "the fp16 wgmma step: the plain 8x1 and 4x1 forms");
-  using Record = typename RecordOf<kF16Wgmma ? RecordForm::kF16Wgmma : kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
+  using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   constexpr int kWarps = VW * KS;
   constexpr int kGroups = 8 / VW;  // blocks per head
@@ -191,10 +185,7 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
     typename StageRing<kStages>::Cursor at;
     auto step = [&](int c) {
       ring.wait_full(at);
-      if constexpr (kF16Wgmma) {
-        chunk_step_f16_wgmma(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,
-                             out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
-      } else if constexpr (kF16) {
+      if constexpr (kF16) {
         chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane,
                        out_head + int64_t{c} * kChunk * out_row_stride, chunk_count(c), out_row_stride);
       } else {
@@ -232,19 +223,15 @@ __global__ void __launch_bounds__((VW * KS + 1) * 32, 1) state_kernel(const __gr
   if constexpr (kTail) ptx::griddep_wait();
 }
 
-template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false,
-          bool kF16Wgmma = false>
+template <int VW, int KS, int BLOCKS, bool kSplit, bool kServing = false, bool kTail = false, bool kF16 = false>
 void launch_state_config(const StateParams& p, cudaStream_t stream) {
   if constexpr (!kSplit && !kServing && !kTail && !kF16) {
     const bool serving = p.checkpoints.count > 0 || p.k_major;
     if constexpr (KS == 1) {
-      if (p.f16_wgmma && serving) fail(ErrorCode::kInternal, "state kernel: the fp16 wgmma step takes no serving features");
       if (p.f16_records && serving) return launch_state_config<VW, KS, BLOCKS, false, true, false, true>(p, stream);
       if constexpr (VW == 8) {
-        if (p.f16_wgmma && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true, true>(p, stream);
         if (p.f16_records && p.ready) return launch_state_config<VW, KS, BLOCKS, false, false, true, true>(p, stream);
       }
-      if (p.f16_wgmma) return launch_state_config<VW, KS, BLOCKS, false, false, false, true, true>(p, stream);
       if (p.f16_records) return launch_state_config<VW, KS, BLOCKS, false, false, false, true>(p, stream);
     }
     if (serving) return launch_state_config<VW, KS, BLOCKS, false, true>(p, stream);
@@ -254,8 +241,7 @@ void launch_state_config(const StateParams& p, cudaStream_t stream) {
   }
   if (p.ready && !kTail) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 pass runs beside a prep tail");
   if (p.f16_records && !kF16) fail(ErrorCode::kInternal, "state kernel: only the 8x1 and 4x1 passes take the fp16 step");
-  if (p.f16_wgmma && !kF16Wgmma) fail(ErrorCode::kInternal, "state kernel: only the plain 8x1 and 4x1 passes take the fp16 wgmma step");
-  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail, kF16, kF16Wgmma>;
+  constexpr auto kernel = state_kernel<VW, KS, BLOCKS, kSplit, kServing, kTail, kF16>;
   constexpr int kStages = kLayoutStages<VW, KS, BLOCKS>;
   static_assert(kStages >= 3, "a pipeline of at least three stages");
   constexpr int kSmem = 128 + kStages * kStageBytes + kExchangeBytes<VW, KS>;

@@ -19,7 +19,6 @@
 #include "gpu/prefill/kernels.h"
 #include "gpu/prefill/state_step.cuh"
 #include "gpu/prefill/state_step_f16.cuh"
-#include "gpu/prefill/state_step_f16_wgmma.cuh"
 #include "gpu/ptx/grid_sync.cuh"
 
 namespace flashkda::gpu {
@@ -127,12 +126,10 @@ __device__ __forceinline__ void store_state_wide(const float (&acc)[kNTiles][4],
 
 // kCheckpoints: as in state_kernel.cu, a kernel of its own (checkpoint code beside the plain
 // kernel's chunk loop cost P3 and P9 3-4%). kF16: F16Records and the fp16 step (state_step_f16.cuh),
-// each item's state rows scaled after its load and unscaled before its store. kF16Wgmma: the fp16
-// step's products on wgmma (state_step_f16_wgmma.cuh, F16WgmmaRecords), without checkpoints.
-template <bool kCheckpoints, bool kF16, bool kF16Wgmma = false>
+// each item's state rows scaled after its load and unscaled before its store.
+template <bool kCheckpoints, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __grid_constant__ StateParams p) {
-  static_assert(!kF16Wgmma || (kF16 && !kCheckpoints), "the fp16 wgmma step: the plain pass");
-  using Record = typename RecordOf<kF16Wgmma ? RecordForm::kF16Wgmma : kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
+  using Record = typename RecordOf<kF16 ? RecordForm::kF16 : RecordForm::kTf32>::type;
   constexpr StateOrder kOrder = kOrderOf<kF16>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.num_heads;
@@ -271,10 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
       ring.wait_full(at);
       const int left = len - c * kChunk;
       uint16_t* const out_chunk = out_head + int64_t{c} * kChunk * out_row_stride;
-      if constexpr (kF16Wgmma) {
-        chunk_step_f16_wgmma(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,
-                             left < kChunk ? left : kChunk, out_row_stride);
-      } else if constexpr (kF16) {
+      if constexpr (kF16) {
         chunk_step_f16(acc, scale, smem + at.stage * kStageBytes, f16_offsets, vbase, lane, out_chunk,
                        left < kChunk ? left : kChunk, out_row_stride);
       } else {
@@ -309,13 +303,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_persistent_kernel(const __g
 void launch_state_persistent(const StateParams& p, int sms, cudaStream_t stream) {
   if (p.k_major) fail(ErrorCode::kInternal, "persistent state kernel: K-major states take the per-item pass");
   const bool checkpoints = p.checkpoints.count > 0;
-  if (p.f16_wgmma && (checkpoints || !p.f16_records))
-    fail(ErrorCode::kInternal, "persistent state kernel: the fp16 wgmma step takes fp16 records and no checkpoints");
-  const auto kernel = p.f16_wgmma     ? state_persistent_kernel<false, true, true>
-                      : checkpoints   ? (p.f16_records ? state_persistent_kernel<true, true> : state_persistent_kernel<true, false>)
-                                      : (p.f16_records ? state_persistent_kernel<false, true> : state_persistent_kernel<false, false>);
-  static PerDeviceOnce raised[5];  // the shared-memory limit, raised once per device the caller uses
-  raised[p.f16_wgmma ? 4 : 2 * checkpoints + p.f16_records].run("persistent state kernel: setting its shared memory size", [&] {
+  const auto kernel = checkpoints ? (p.f16_records ? state_persistent_kernel<true, true> : state_persistent_kernel<true, false>)
+                                  : (p.f16_records ? state_persistent_kernel<false, true> : state_persistent_kernel<false, false>);
+  static PerDeviceOnce raised[4];  // the shared-memory limit, raised once per device the caller uses
+  raised[2 * checkpoints + p.f16_records].run("persistent state kernel: setting its shared memory size", [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   const int64_t items = p.seqs.num_seqs * p.num_heads;
