@@ -427,7 +427,10 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
       channel_rows(sm, 2, c, gx);
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
-        // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0
+        // safe gate a = lower_bound * sigmoid(x), x = exp(A_log) (g + dt_bias); padding rows: a = 0.
+        // Not one FFMA exp(A_log) g + exp(A_log) dt_bias: with A_log = +inf and g, dt_bias of
+        // opposite signs that is inf - inf = NaN where the oracle's x is +-inf (measured: the
+        // non-finite inputs test failed on it).
         const float e_negx = ptx::exp2_ftz(neg_expA_log2e * (gx[t] + bias));  // e^-x
         const float a2 = t < count ? lb_log2e * ptx::rcp_ftz(1.0f + e_negx) : 0.0f;
         G2[t] = (run += a2);  // cumulative log-decay G_t, base 2
@@ -448,11 +451,12 @@ __device__ __forceinline__ void prep_chunk(const PrepParams& p, PrepSmem& sm, in
         const int t = 4 * quad + i;
         const float kh = k[t] * rk[i];
         const float e = ptx::exp2_ftz(G2[t]), e_inv = ptx::exp2_ftz(-G2[t]);
-        kr[t] = kh * (e_C * e_inv);
+        const float k_minus = kh * e_inv;
+        kr[t] = k_minus * e_C;  // k^ e^-G e^G_C: K-'s product reused (|k-| <= 2^116, finite)
         k[t] = kh * e;
         q[t] = q[t] * rq[i] * e;  // rnorm holds scale / ||q||
         sm.tile[0][t][c] = ptx::tf32_operand(k[t]);
-        sm.tile[1][t][c] = ptx::tf32_operand(kh * e_inv);
+        sm.tile[1][t][c] = ptx::tf32_operand(k_minus);
         sm.tile[2][t][c] = q[t];  // full fp32: Q~ is the starting value of Qe = Q~ - M Wk
       }
     }
