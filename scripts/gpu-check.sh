@@ -203,7 +203,7 @@ for step in $steps; do
       for spec in ${STALLS:-${STALL_CASE:-P9}:${STALL_KERNEL:-state_persistent_kernel}}; do
         c=${spec%%:*} k=${spec#*:}
         run_step "ncu stalls $c $k" "$summary" 120 ncu --section WarpStateStats --section SourceCounters \
-          ${STALL_DETAILS:+--section ComputeWorkloadAnalysis --section SchedulerStats --section SpeedOfLight} -k regex:"$k" -c 1 -f -o /tmp/stalls "$CLI_BIN" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 \
+          $([ "${STALL_DETAILS:-0}" = 1 ] && echo --section ComputeWorkloadAnalysis --section SchedulerStats --section SpeedOfLight) -k regex:"$k" -c 1 -f -o /tmp/stalls "$CLI_BIN" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 \
           --json /tmp/stalls-bench.json
         ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass >/tmp/stalls-source.csv 2>&1
         # STALL_DETAILS=1: the pipes' utilization and the schedulers' issue rates as well
