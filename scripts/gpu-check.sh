@@ -2,7 +2,7 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring f16step
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring f16step chunk64
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PROFILE_DRAM=1  the profile step also reads each kernel's device-memory bytes (read, written)
@@ -18,6 +18,8 @@
 #                DRAM bytes, to the summary
 #   f16step step (not a default one): tools/probes/f16_step_probe.cu, the fp16 chunk step against the
 #                tf32 one on one chunk (a time a step at 132 and 264 blocks, both forms against fp64), to the summary
+#   chunk64 step (not a default one): tools/probes/chunk64_step_probe.cu, the state chain of a fused chunk-64
+#                design on fp16 wgmma (a time a 64-token step at CHUNK64_SHAPES="blocks:steps ...", fp64 check)
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_STATE_PDL=0 FLASHKDA_SPLIT=0,FLASHKDA_PERSISTENT=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved;
@@ -191,6 +193,12 @@ for step in $steps; do
           python3 scripts/kernel_times.py "$label $mode" "$OUT/ncu-ring.csv" | tee -a "$summary"
           rm -f "$OUT/ncu-ring.csv"
         done
+      done
+      ;;
+    chunk64)  # tools/probes/chunk64_step_probe.cu: a fused chunk-64 design's state chain on fp16 wgmma
+      probe=$([ -n "${PREBUILT:-}" ] && echo "$PREBUILT/chunk64_step_probe" || echo "$BUILD/tools/probes/chunk64_step_probe")
+      for shape in ${CHUNK64_SHAPES:-96:128 64:128 132:128 96:512}; do
+        run_step "chunk64 step probe $shape" "$summary" 60 "$probe" "${shape%:*}" "${shape#*:}"
       done
       ;;
     f16step)  # tools/probes/f16_step_probe.cu: the fp16 step against the tf32 one, time and accuracy

@@ -15,7 +15,7 @@ dest=${2:-build-gpu-prebuilt}
 rm -rf "$dest"
 mkdir -p "$dest"
 cp "$build"/tests/gpu/test_*_gpu "$build"/tools/flashkda/flashkda "$dest"/
-for probe in record_ring_probe f16_step_probe; do
+for probe in record_ring_probe f16_step_probe chunk64_step_probe; do
   [ -x "$build/tools/probes/$probe" ] && cp "$build/tools/probes/$probe" "$dest"/
 done
 if [ -n "${3:-}" ]; then
