@@ -39,6 +39,7 @@ struct PrefillPlan {
     kPersistent,  // a block per multiprocessor taking (sequence, head) items (state_persistent_kernel.cu)
     kSplit,       // one long sequence cut in S segments, then stitched (stitch_kernel.cu)
     kWgmma,       // experimental, FLASHKDA_STATE_WGMMA=1 only: per item on wgmma (state_wgmma_kernel.cu)
+    kFused,       // experimental, FLASHKDA_FUSED=1 only: prep and chain in one chunk-64 kernel (fused_kernel.cu)
   };
   Pass pass = Pass::kPerItem;
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)

@@ -482,6 +482,63 @@ INSTANTIATE_TEST_SUITE_P(Passes, GpuPrefillF16, ::testing::Values("per-item", "p
 
 // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:
 // the records, and so every output, stay bit for bit those of the unpadded launch.
+// The fused chunk-64 prefill (fused_kernel.cu), forced by FLASHKDA_FUSED=1: safe gate, V-major
+// states without pools or checkpoints. Its chunk is 64 tokens, so the edge lengths are those
+// around 64 too; its fp16 operands ride on a power-of-two scale per state row that covers the
+// state and the chunk's v: large states, |v| ~ 1e4 and ~ 1e-4, strong and no decay.
+ErrorCode run_expecting_error(DeviceProblem& dev, const ForwardArgs& a, std::string* message);  // below
+
+class GpuPrefillFused : public GpuPrefillForced {
+ protected:
+  GpuPrefillFused() : GpuPrefillForced("FLASHKDA_FUSED") {}
+};
+
+TEST_F(GpuPrefillFused, EdgeLengthsEveryStateForm) {
+  expect_edge_lengths_every_state_form(640);
+  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191}, 3, 644));
+}
+
+TEST_F(GpuPrefillFused, LongSequencesManyHeads) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 645));
+  expect_matches_oracle(packed({8192}, 2, 646));
+  expect_matches_oracle(packed({300, 40, 129}, 32, 647));
+}
+
+TEST_F(GpuPrefillFused, LargeStatesAndDecaySweep) {
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (const float gc : {-8.0f, 0.0f, 8.0f}) {  // little, some and strong decay (a ~ -5 a token)
+      ProblemSpec large = packed({700, 33}, 2, 648);
+      large.init = InitState::kLarge;
+      large.init_dtype = large.final_dtype = dtype;
+      large.g_input = GateInput::kConstant;
+      large.g_const = gc;
+      expect_matches_oracle(large);
+    }
+}
+
+TEST_F(GpuPrefillFused, LargeAndSmallValues) {
+  for (const float factor : {8192.0f, 1.0f / 16384.0f}) {
+    SCOPED_TRACE("v x " + std::to_string(factor));
+    for (const InitState init : {InitState::kNone, InitState::kNormal}) {
+      ProblemSpec spec = packed({1000, 17, 300}, 2, factor > 1.0f ? 649 : 650);
+      spec.init = init;
+      spec.init_dtype = spec.final_dtype = DType::kF32;
+      RandomProblem host(spec);
+      expect_matches_oracle(scale_values(host, factor));
+    }
+  }
+}
+
+TEST_F(GpuPrefillFused, RefusesWhatItLacks) {
+  ProblemSpec spec = packed({100}, 2, 651);
+  spec.gate = Gate::kSoftplus;
+  RandomProblem host(spec);
+  DeviceProblem dev(host);
+  std::string msg;
+  EXPECT_EQ(run_expecting_error(dev, dev.args(), &msg), ErrorCode::kUnsupported);
+  EXPECT_THAT(msg, ::testing::HasSubstr("FLASHKDA_FUSED=1: the fused prefill does not take the softplus gate"));
+}
+
 TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   RandomProblem host(packed({300, 17, 64}, 3, 23));
   DeviceProblem dev(host);

@@ -53,6 +53,8 @@ VARIANTS = {
                                wv="split"),
     "f16-scaled-vscaled": dict(ALL16, diag="tf32", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
                                wv="scaled"),  # extra: V in fp16 in the state's row scale
+    "f16-vscaled-diag-bf16": dict(ALL16, diag="bf16", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
+                                  wv="scaled"),  # the diagonal blocks of L and M on bf16 operands
     "bf16-s-f16-rest": dict(ALL16, diag="tf32", offdiag="fp16", w="fp16", s="bf16", u="bf16"),
     "tf32-ref": dict(diag="tf32", offdiag="tf32", w="tf32", wv="plain", s="tf32", u="tf32",
                      wk="tf32", qt="tf32", kr="tf32", mu="tf32"),

@@ -13,6 +13,7 @@
 #include "gpu/launch/device_views.h"
 #include "gpu/launch/per_device.h"
 #include "gpu/launch/tensor_map.h"
+#include "gpu/prefill/fused_config.h"
 #include "gpu/prefill/kernels.h"
 
 namespace flashkda::gpu {
@@ -305,6 +306,23 @@ bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
   return plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4);
 }
 
+// The fused chunk-64 prefill (fused_kernel.cu): only when FLASHKDA_FUSED=1 forces it, and only
+// where it applies (what fused_prefill_lacks does not name); nothing chooses it yet.
+const char* fused_prefill_lacks(const Problem& p) {
+  if (p.gate != Gate::kSafe) return "the softplus gate";
+  if (p.state_layout != StateLayout::kVK) return "K-major states";
+  if (p.state_indices || p.final_state_indices) return "state pools";
+  if (p.checkpoint_offsets) return "checkpoints";
+  return nullptr;
+}
+
+bool use_fused(const Problem& p) {
+  if (forced_switch("FLASHKDA_FUSED") != 1) return false;
+  if (const char* lacks = fused_prefill_lacks(p))
+    fail(ErrorCode::kUnsupported, "FLASHKDA_FUSED=1: the fused prefill does not take ", lacks, " yet; unset it");
+  return true;
+}
+
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
 void check_limits(const Problem& p) {
   if (p.total_tokens > INT32_MAX)
@@ -324,6 +342,10 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   plan.multiprocessors = multiprocessors;
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
   const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
+  if (use_fused(p)) {  // no workspace
+    plan.pass = PrefillPlan::Pass::kFused;
+    return plan;
+  }
   if (use_wgmma(p)) {
     plan.pass = PrefillPlan::Pass::kWgmma;
     plan.record_bytes = static_cast<size_t>(slots * p.H) * WgmmaRecord::kBytes;
@@ -367,8 +389,25 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   return plan;
 }
 
+// The fused prefill's launch: q, k, g, v as tensor maps of [64 tokens][64] swizzled boxes.
+void fused_forward(const Problem& p, cudaStream_t stream) {
+  auto tiles = [&](const uint16_t* data, const RowStrides& rows) {
+    const ActivationView a = activation_view(data, rows, p, kHeadDim);  // token rows evenly spaced (the plan)
+    return encode_token_tiles_map(data, p.total_tokens, p.H, a.token, a.head, fused::kC);
+  };
+  FusedParams f{tiles(p.q, p.q_rows), tiles(p.k, p.k_rows), tiles(p.g, p.g_rows), tiles(p.v, p.v_rows),
+                activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
+                static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
+                p.final_state, p.final_state_dtype == DType::kF32, p.out};
+  launch_fused(f, stream);
+}
+
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.N == 0) return;
+  if (plan.pass == PrefillPlan::Pass::kFused) {
+    fused_forward(p, stream);
+    return;
+  }
 
   const SequenceTable seqs = sequence_table(p);
   auto* records = static_cast<uint8_t*>(workspace);

@@ -54,6 +54,15 @@ CUtensorMap encode_token_rows_map(const void* base, int64_t tokens, int64_t head
                    CU_TENSOR_MAP_SWIZZLE_NONE, "a tensor map");
 }
 
+CUtensorMap encode_token_tiles_map(const void* base, int64_t tokens, int64_t heads, int64_t token_stride,
+                                   int64_t head_stride, int box_tokens) {
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens > 0 ? tokens : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * 2, static_cast<cuuint64_t>(token_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_tokens)};
+  return encode_3d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                   "a token-tile tensor map");
+}
+
 CUtensorMap encode_state_rows_map(const void* base, bool f32, int64_t slot_heads) {
   constexpr cuuint64_t kRows = 128, kCols = 128, kBoxBytes = 128;
   const cuuint64_t elem = f32 ? 4 : 2;

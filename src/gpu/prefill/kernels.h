@@ -190,6 +190,25 @@ struct StateConfig {
 // Prep: a block of 128 threads per (slot, head), heads fastest, then slots. State pass: see
 // state_kernel.cu; its persistent form (8x1 layout, min(N H, sms) blocks; no split): see
 // state_persistent_kernel.cu.
+// The fused chunk-64 prefill (fused_kernel.cu, fused_config.h): one block a (sequence, head),
+// prep and state chain in one kernel, no workspace. Safe gate, V-major states without pools or
+// checkpoints, q, k, v, g rows readable by the copy engine (the plan checks).
+struct FusedParams {
+  CUtensorMap q_tiles, k_tiles, g_tiles, v_tiles;  // [total, H, 128] bf16, boxes of [64 tokens][64], 128-byte swizzle
+  ActivationView beta;                              // [total, H], any strides
+  const float* A_log;                               // [H]
+  const float* dt_bias;                             // [H, 128]
+  float lower_bound, scale;
+  int num_heads;
+  SequenceTable seqs;
+  const void* initial_state;  // [N, H, 128, 128] V-major, or nullptr (zeros)
+  bool initial_f32;
+  void* final_state;          // [N, H, 128, 128] V-major, or nullptr
+  bool final_f32;
+  uint16_t* out;              // [total, H, 128] bf16, dense
+};
+void launch_fused(const FusedParams& p, cudaStream_t stream);
+
 void launch_prep(const PrepParams& p, int64_t num_slots, cudaStream_t stream);
 // The prep tail's grid (PrepTail): `blocks` blocks (six a multiprocessor; the ones that do not
 // fit at first start where others left, and leave too); the state pass with p.ready set goes

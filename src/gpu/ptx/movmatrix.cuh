@@ -1,4 +1,5 @@
-// Shared-memory addressing and the movmatrix wrapper (an 8x8 bf16 transpose in registers).
+// Shared-memory addressing, the movmatrix wrapper (an 8x8 bf16 transpose in registers) and
+// stmatrix (8x8 16-bit matrices from registers to shared memory).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,16 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
+}
+
+// Stores four 8x8 16-bit matrices transposed: matrix m is register r[m] of every lane in C-fragment
+// order (lane (g, t) holds row g, columns 2t, 2t + 1), and its column i lands as a 16-byte row at
+// the address lane 8 m + i gives. An m16n16 C tile (rows x 16, columns y 16) thus becomes 16 rows of
+// y, each 8 + 8 x values, in two 16-byte pieces.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 }  // namespace flashkda::ptx

@@ -57,6 +57,11 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+template <int M, int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) fence_operands(r[i]);
+}
 
 // Makes shared memory written by ordinary stores visible to wgmma's (async proxy) reads.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
