@@ -42,10 +42,12 @@ namespace {
 using namespace fused;
 
 // Registers a thread of each role after the hand-over (setmaxnreg): the launch gives 168 to all
-// 384 threads; prep gives some back and the math warpgroups, which hold S^T (64) and three
-// accumulators, take them (128 kPrepRegs + 256 kMathRegs <= 65536).
-constexpr int kPrepRegs = 96, kMathRegs = 208;
-static_assert(kPrepThreads * kPrepRegs + kMathThreads * kMathRegs <= 65536, "the register file");
+// 384 threads (65536 / 384, down to a multiple of 8); prep gives some back and the math
+// warpgroups, which hold S^T (64) and three accumulators, take them. setmaxnreg moves registers
+// within the block's own allocation, so the two must fit the launch's: an increase past what the
+// others released waits forever.
+constexpr int kLaunchRegs = 168, kPrepRegs = 88, kMathRegs = 208;
+static_assert(kPrepThreads * kPrepRegs + kMathThreads * kMathRegs <= kThreads * kLaunchRegs, "the block's registers");
 template <int N>
 __device__ __forceinline__ void set_max_registers_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
