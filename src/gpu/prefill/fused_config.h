@@ -68,7 +68,13 @@ struct Small {
   static constexpr uint32_t kDtBias = 0;                   // [128] fp32, the head's gate bias
   static constexpr uint32_t kBeta = kDtBias + kD * 4;      // [64] sigmoid(beta), 0 past the chunk's tokens
   static constexpr uint32_t kTotals = kBeta + kC * 4;      // [4 blocks][128] sum of a over each block
-  static constexpr uint32_t kBarriers = kTotals + kBlocks * kD * 4;  // in_full, full[2], empty[2]
+  // Per channel, from the block sums T_b (log2; R_b = T_0 + .. + T_(b-1), G_C = R_4), once a chunk:
+  static constexpr uint32_t kER = kTotals + kBlocks * kD * 4;    // [4][128] e^R_b: Qt, Kt of block b
+  static constexpr uint32_t kEKr = kER + kBlocks * kD * 4;       // [4][128] e^(G_C - R_(b+1)): Kr of block b
+  // [3][128] e^(R_b - R_(j+1)) for (b, j) = (2, 0), (3, 1), (3, 0), over the first rows of the block
+  // sums, which each channel's thread reads before it writes them.
+  static constexpr uint32_t kEGap = kTotals;
+  static constexpr uint32_t kBarriers = kEKr + kBlocks * kD * 4;  // in_full, full[2], empty[2]
   static constexpr uint32_t kBytes = kBarriers + 8 * 8;
 };
 

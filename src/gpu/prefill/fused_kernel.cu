@@ -191,8 +191,8 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
   }
   // Blocks of L (fp32, beta_i folded) into their region, of M (fp16) into the stage, as computed.
   const float bi[2] = {beta[i0], beta[i1]};
-  auto put_block = [&](uint8_t* base, const float (&c)[2][4], int jb, bool lower_only, bool diag_too, float sign) {
-    // C fragments (rows g, g + 8 of block `warp`; columns 8 n + 2t, + 1 of block jb) as fp32 [16][16]
+  auto put_block = [&](uint8_t* base, const float (&c)[2][4], int ib, int jb, bool lower_only, bool diag_too, float sign) {
+    // C fragments (rows g, g + 8 of block ib; columns 8 n + 2t, + 1 of block jb) as fp32 [16][16]
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -201,17 +201,17 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
         for (int e = 0; e < 2; ++e) {
           const int r = g + 8 * h, col = 8 * n + 2 * t + e;
           const bool keep = !lower_only || col < r || (diag_too && col == r);
-          reinterpret_cast<float*>(base + lower_block(warp, jb))[r * kBlock + col] = keep ? sign * c[n][2 * h + e] : 0.f;
+          reinterpret_cast<float*>(base + lower_block(ib, jb))[r * kBlock + col] = keep ? sign * c[n][2 * h + e] : 0.f;
         }
   };
-  auto put_m = [&](const float (&c)[2][4], int jb, bool diag) {
+  auto put_m = [&](const float (&c)[2][4], int ib, int jb, bool diag) {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = g + 8 * h, col = 8 * n + 2 * t;
         const float x0 = (!diag || col <= r) ? c[n][2 * h] : 0.f, x1 = (!diag || col + 1 <= r) ? c[n][2 * h + 1] : 0.f;
-        at<uint32_t>(op, OpStage::kM + tile_offset(kBlock * warp + r, kBlock * jb + col, kC)) = ptx::pack_f16x2(x0, x1);
+        at<uint32_t>(op, OpStage::kM + tile_offset(kBlock * ib + r, kBlock * jb + col, kC)) = ptx::pack_f16x2(x0, x1);
       }
   };
   {
@@ -220,87 +220,92 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) lb[n][e] = Ld[n][e] * bi[e >> 1];
-    put_block(Lblk, lb, warp, true, false, 1.f);
-    put_m(Md, warp, true);
+    put_block(Lblk, lb, warp, warp, true, false, 1.f);
+    put_m(Md, warp, warp, true);
   }
   warpgroup_barrier(kPrepBarrier);  // totals, and every block's in-place products
 
-  // 3. Per channel pair: R_b (G before this block), T_b and G_C, all log2 (block_sums); Qt, Kt^T
-  // (into KrT's place), the decay.
-  struct Sums {
-    float2 r, own, all;
-  };
-  auto block_sums = [&](int c) {
-    Sums x{make_float2(0.f, 0.f), make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+  // 3. The per-channel factors (Small::kER ..), thread = channel; then Qt, Kt^T (into KrT's place)
+  // and the decay.
+  const float* eR = reinterpret_cast<const float*>(small + Small::kER);
+  const float* eKr = reinterpret_cast<const float*>(small + Small::kEKr);
+  const float* eGap = reinterpret_cast<const float*>(small + Small::kEGap);
+  {
+    const int c = threadIdx.x;  // prep threads 0 .. 127
+    float T[kBlocks], R[kBlocks + 1] = {0.f};
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) T[b] = totals[b * kD + c], R[b + 1] = R[b] + T[b];
+    float* w = reinterpret_cast<float*>(small);
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
-      const float2 v = *reinterpret_cast<const float2*>(totals + b * kD + c);
-      if (b < warp) x.r.x += v.x, x.r.y += v.y;
-      if (b == warp) x.own = v;
-      x.all.x += v.x, x.all.y += v.y;
+      w[Small::kER / 4 + b * kD + c] = ptx::exp2_ftz(R[b]);
+      w[Small::kEKr / 4 + b * kD + c] = ptx::exp2_ftz(R[kBlocks] - R[b + 1]);
     }
-    return x;
-  };
+    w[Small::kEGap / 4 + 0 * kD + c] = ptx::exp2_ftz(R[2] - R[1]);
+    w[Small::kEGap / 4 + 1 * kD + c] = ptx::exp2_ftz(R[3] - R[2]);
+    w[Small::kEGap / 4 + 2 * kD + c] = ptx::exp2_ftz(R[3] - R[1]);
+    reinterpret_cast<float*>(op + OpStage::kDecay)[c] = ptx::exp2_ftz(R[kBlocks]);
+  }
+  warpgroup_barrier(kPrepBarrier);
 #pragma unroll
   for (int kk = 0; kk < 16; ++kk) {
     const int c = 8 * kk + 2 * t;
-    const Sums sums = block_sums(c);
-    const float e0 = ptx::exp2_ftz(sums.r.x), e1 = ptx::exp2_ftz(sums.r.y);
+    const float2 e = *reinterpret_cast<const float2*>(eR + warp * kD + c);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tok = h ? i1 : i0;
       const float2 qa = unpack_f16x2(at<uint32_t>(in, kInQ + swizzled_offset(tok, c)));
       const float2 ka = unpack_f16x2(at<uint32_t>(in, kInK + swizzled_offset(tok, c)));
-      at<uint32_t>(op, OpStage::kQt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(qa.x * e0, qa.y * e1);
-      at<__half>(op, OpStage::kKrT + tile_offset(c, tok, kC)) = __float2half_rn(ka.x * e0);
-      at<__half>(op, OpStage::kKrT + tile_offset(c + 1, tok, kC)) = __float2half_rn(ka.y * e1);
+      at<uint32_t>(op, OpStage::kQt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(qa.x * e.x, qa.y * e.y);
+      at<__half>(op, OpStage::kKrT + tile_offset(c, tok, kC)) = __float2half_rn(ka.x * e.x);
+      at<__half>(op, OpStage::kKrT + tile_offset(c + 1, tok, kC)) = __float2half_rn(ka.y * e.y);
     }
-    if (warp == 0 && g == 0)
-      *reinterpret_cast<float2*>(op + OpStage::kDecay + 4 * c) = make_float2(ptx::exp2_ftz(sums.all.x), ptx::exp2_ftz(sums.all.y));
   }
 
-  // 4. Off-diagonal blocks L_bj, M_bj (j < b): fp16 m16n8k16, A = this block's fp16 products (the
-  // lane's own elements: k-tile kt = channels 16 kt .., lane pairs 2t and 8 + 2t = kk 2kt, 2kt + 1),
-  // B = block j's g products times e^(R_b - R_(j+1)) per channel.
-  for (int j = 0; j < warp; ++j) {
+  // 4. Off-diagonal blocks L_bj, M_bj (j < b), six of them dealt two, two, one, one to the warps:
+  // fp16 m16n8k16, A = block b's fp16 products (lane pairs 2t and 8 + 2t of k-tile kt: channels
+  // 16 kt + 2t, 16 kt + 8 + 2t), B = block j's g products times e^(R_b - R_(j+1)) per channel.
+  constexpr int kPairs = 6;
+  constexpr int kPairB[kPairs] = {1, 2, 3, 2, 3, 3}, kPairJ[kPairs] = {0, 1, 2, 0, 1, 0};
+  for (int pair = warp; pair < kPairs; pair += kBlocks) {
+    const int b = kPairB[pair], j = kPairJ[pair];
+    const float* gap = b - j == 1 ? nullptr : eGap + (b == 2 ? 0 : j == 1 ? 1 : 2) * kD;  // e^(R_b - R_(j+1))
+    const int r0 = kBlock * b + g, r1 = r0 + 8;
     float Lo[2][4] = {}, Mo[2][4] = {};
 #pragma unroll 2
     for (int kt = 0; kt < 8; ++kt) {
       uint32_t ak[4], aq[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int tok = (r & 1) ? i1 : i0, c = 16 * kt + 8 * (r >> 1) + 2 * t;
+        const int tok = (r & 1) ? r1 : r0, c = 16 * kt + 8 * (r >> 1) + 2 * t;
         ak[r] = at<uint32_t>(in, kInK + swizzled_offset(tok, c));
         aq[r] = at<uint32_t>(in, kInQ + swizzled_offset(tok, c));
       }
-      float d[2][2];  // e^(R_b - R_(j+1)) at channels 16 kt + 8 hh + 2t, + 1
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float2 x = make_float2(0.f, 0.f);
-        for (int m = j + 1; m < warp; ++m) {
-          const float2 y = *reinterpret_cast<const float2*>(totals + m * kD + 16 * kt + 8 * hh + 2 * t);
-          x.x += y.x, x.y += y.y;
-        }
-        d[hh][0] = ptx::exp2_ftz(x.x), d[hh][1] = ptx::exp2_ftz(x.y);
-      }
 #pragma unroll
       for (int n = 0; n < 2; ++n) {  // B column g of n-tile n: token 16 j + 8 n + g of block j
-        uint32_t b[2];
+        uint32_t bf[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float2 x = unpack_f16x2(at<uint32_t>(in, kInG + swizzled_offset(kBlock * j + 8 * n + g, 16 * kt + 8 * hh + 2 * t)));
-          b[hh] = ptx::pack_f16x2(x.x * d[hh][0], x.y * d[hh][1]);
+          const int c = 16 * kt + 8 * hh + 2 * t;
+          const uint32_t x = at<uint32_t>(in, kInG + swizzled_offset(kBlock * j + 8 * n + g, c));
+          if (gap) {
+            const float2 d = *reinterpret_cast<const float2*>(gap + c), y = unpack_f16x2(x);
+            bf[hh] = ptx::pack_f16x2(y.x * d.x, y.y * d.y);
+          } else {
+            bf[hh] = x;  // adjacent blocks: e^0
+          }
         }
-        ptx::mma_f16_16816(Lo[n], ak, b[0], b[1]);
-        ptx::mma_f16_16816(Mo[n], aq, b[0], b[1]);
+        ptx::mma_f16_16816(Lo[n], ak, bf[0], bf[1]);
+        ptx::mma_f16_16816(Mo[n], aq, bf[0], bf[1]);
       }
     }
+    const float bb[2] = {beta[r0], beta[r1]};
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) Lo[n][e] *= bi[e >> 1];
-    put_block(Lblk, Lo, j, false, false, 1.f);
-    put_m(Mo, j, false);
+      for (int e = 0; e < 4; ++e) Lo[n][e] *= bb[e >> 1];
+    put_block(Lblk, Lo, b, j, false, false, 1.f);
+    put_m(Mo, b, j, false);
   }
   // Zero M's blocks above the diagonal (the stage is reused).
   for (int jb = warp + 1; jb < kBlocks; ++jb)
@@ -314,16 +319,17 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
   // 5. X_bb = (I + L_bb)^-1 by forward substitution, lane j < 16 computing column j in fp32.
   uint8_t* Xblk = in + kInK;
   {
+    // Right-looking: once x_m is known it leaves every later row at once, so the dependent chain
+    // is 16 FMAs long (a left-looking dot product per row made it 120).
     const float* Lbb = reinterpret_cast<const float*>(Lblk + lower_block(warp, warp));
     float x[kBlock];
     const int j = lane & 15;
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i) {
-      float s = i == j ? 1.f : 0.f;
+    for (int i = 0; i < kBlock; ++i) x[i] = i == j ? 1.f : 0.f;
 #pragma unroll
-      for (int m = 0; m < i; ++m) s = fmaf(-Lbb[i * kBlock + m], x[m], s);
-      x[i] = s;
-    }
+    for (int m = 0; m < kBlock; ++m)
+#pragma unroll
+      for (int i = m + 1; i < kBlock; ++i) x[i] = fmaf(-Lbb[i * kBlock + m], x[m], x[i]);
     if (lane < 16) {
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) reinterpret_cast<float*>(Xblk + lower_block(warp, warp))[i * kBlock + j] = x[i];
@@ -352,12 +358,12 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
       for (int m = j; m < warp; ++m)
         product(reinterpret_cast<const float*>(Lblk + lower_block(warp, m)), reinterpret_cast<const float*>(Xblk + lower_block(m, j)), y);
       // y into X_bj's place (fp32 [16][16]) as the B operand of X_bb y; then the result over it.
-      put_block(Xblk, y, j, false, false, 1.f);
+      put_block(Xblk, y, warp, j, false, false, 1.f);
       __syncwarp();
       float x[2][4] = {};
       product(reinterpret_cast<const float*>(Xblk + lower_block(warp, warp)), reinterpret_cast<const float*>(Xblk + lower_block(warp, j)), x);
       __syncwarp();
-      put_block(Xblk, x, j, false, false, -1.f);
+      put_block(Xblk, x, warp, j, false, false, -1.f);
     }
   }
   warpgroup_barrier(kPrepBarrier);  // every X block
@@ -401,12 +407,12 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
   }
   warpgroup_barrier(kPrepBarrier);  // Kt^T read by every warp
 
-  // 6. Kr^T = (k^ e^(T_b - G)) e^(G_C - R_b - T_b) over Kt^T's place.
+  // 6. Kr^T = (k^ e^(T_b - G)) e^(G_C - R_(b+1)) over Kt^T's place.
 #pragma unroll
   for (int kk = 0; kk < 16; ++kk) {
     const int c = 8 * kk + 2 * t;
-    const Sums sums = block_sums(c);
-    const float e0 = ptx::exp2_ftz(sums.all.x - sums.r.x - sums.own.x), e1 = ptx::exp2_ftz(sums.all.y - sums.r.y - sums.own.y);
+    const float2 e = *reinterpret_cast<const float2*>(eKr + warp * kD + c);
+    const float e0 = e.x, e1 = e.y;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tok = h ? i1 : i0;
