@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/prefill/fused_config.h"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/wgmma_f16.cuh"
 
@@ -53,24 +54,13 @@ constexpr int kOutPitch = kD + 8;  // out tile row pitch (bf16): spreads a warp'
 constexpr uint32_t kOutTile = kC * kOutPitch * 2;
 constexpr uint32_t kSmemBytes = kStageBytes + 2 * kOutTile;
 
-__host__ __device__ constexpr uint32_t tile_offset(int r, int c, int cols) {
-  return ((r / 8) * (cols / 8) + c / 8) * 128 + (r % 8) * 16 + (c % 8) * 2;
-}
+using gpu::fused::tile_offset;
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 __device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
-// The A fragments of k-steps from a D accumulator (wgmma_f16.cuh: pairs of D are A as they stand).
-template <int KS>
-__device__ __forceinline__ void a_from_d(const float* d, uint32_t (&a)[KS][4]) {
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[ks][i] = ptx::pack_f16x2(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
-}
 
 __global__ void __launch_bounds__(256, 1)
     chain_loop(const uint8_t* stage_g, const float* s0, float* s_out, uint16_t* out, int steps) {
@@ -103,7 +93,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll 1
   for (int c = 0; c < steps; ++c) {
     uint32_t sa[8][4];
-    a_from_d<8>(s, sa);
+    ptx::f16_a_from_d<8>(s, sa);
     float x[32], p[32];
     ptx::wgmma_fence();
 #pragma unroll
@@ -123,7 +113,7 @@ __global__ void __launch_bounds__(256, 1)
       u[4 * j + 2] = w.z - x[4 * j + 2], u[4 * j + 3] = w.w - x[4 * j + 3];
     }
     uint32_t ua[4][4];
-    a_from_d<4>(u, ua);
+    ptx::f16_a_from_d<4>(u, ua);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 dc = decay[4 * j];

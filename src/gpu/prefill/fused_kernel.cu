@@ -428,15 +428,6 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
 // Math (warpgroups 1, 2)
 // ---------------------------------------------------------------------------------------------
 
-// The A fragments of k-steps from D accumulators (wgmma_f16.cuh: pairs of D are A as they stand).
-template <int KS>
-__device__ __forceinline__ void a_from_d(const float* d, uint32_t (&a)[KS][4]) {
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[ks][i] = ptx::pack_f16x2(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
-}
-
 // 2^e for the exponent of x (x > 0 finite), as a float: floor(log2 x).
 __device__ __forceinline__ int exponent_of(float x) { return static_cast<int>((__float_as_uint(x) >> 23) & 0xffu) - 127; }
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
@@ -530,7 +521,7 @@ __device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, 
       for (int r = 0; r < 4; ++r)
         va[ks][r] = ptx::pack_f16x2(bf16_lo(vraw[ks][r]) * scale_v[r & 1], bf16_hi(vraw[ks][r]) * scale_v[r & 1]);
     uint32_t sa[8][4];
-    a_from_d<8>(s, sa);
+    ptx::f16_a_from_d<8>(s, sa);
 
     const uint64_t d_wk = ptx::smem_matrix_desc(op + OpStage::kWk, 128, tile_stride_bytes(kD));
     const uint64_t d_qt = ptx::smem_matrix_desc(op + OpStage::kQt, 128, tile_stride_bytes(kD));
@@ -554,7 +545,7 @@ __device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, 
     ptx::fence_operands(u);
 
     uint32_t ua[4][4];
-    a_from_d<4>(u, ua);
+    ptx::f16_a_from_d<4>(u, ua);
     const float* decay = reinterpret_cast<const float*>(op + OpStage::kDecay);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {

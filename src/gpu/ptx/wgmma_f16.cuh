@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/wgmma.cuh"
 
 namespace flashkda::ptx {
@@ -25,6 +26,16 @@ namespace flashkda::ptx {
 // pass a constant. Issued asynchronously: wgmma_commit, then wgmma_wait, before D is read.
 template <int N>
 __device__ void wgmma_f16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate, bool negate_a = false);
+
+// The A fragments of KS k-steps from a D accumulator's first 8 KS values (the pairing above):
+// a result fed straight into the next product, rounded to fp16.
+template <int KS>
+__device__ __forceinline__ void f16_a_from_d(const float* d, uint32_t (&a)[KS][4]) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[ks][i] = pack_f16x2(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
+}
 
 template <>
 __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate, bool negate_a) {
