@@ -27,9 +27,10 @@
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
-#include "gpu/launch/programmatic_launch.h"
+#include "gpu/launch/per_device.h"
 #include "gpu/prefill/fused_config.h"
 #include "gpu/prefill/kernels.h"
+#include "gpu/prefill/stage_ring.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
@@ -40,6 +41,9 @@ namespace flashkda::gpu {
 namespace {
 
 using namespace fused;
+// The operand stages between the prep warpgroup (each of its threads writes and arrives; its
+// leader adds V's copy) and the math warpgroups (each thread releases).
+using OpRing = state_pass::StageRing<kOpStages>;
 
 // Registers a thread of each role after the hand-over (setmaxnreg): the launch gives 168 to all
 // 384 threads (65536 / 384, down to a multiple of 8); prep gives some back and the math
@@ -437,8 +441,8 @@ struct MathLane {
   __device__ int row(int h) const { return kMathRows * wg + 16 * warp + g + 8 * h; }
 };
 
-__device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, const MathLane& L, uint8_t* smem_op, uint64_t* full,
-                          uint64_t* empty) {
+__device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, const MathLane& L, uint8_t* smem_op,
+                                          const OpRing& ring) {
   const int t = L.t, g = L.g;
   const int64_t state_head = (it.seq * p.num_heads + it.head) * int64_t{kD} * kD;
   // S^T rows row(0), row(1); columns 8 j + 2t, + 1 (j < 16): an m64n128 D accumulator. Element
@@ -469,12 +473,11 @@ __device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, 
 #pragma unroll
     for (int e = 0; e < 2; ++e) v_offset[r1][e] = swizzled_offset(2 * t + e, 16 * L.warp + g + 8 * r1);
   const int chunks = it.chunks();
-  for (int c = 0; c < chunks; ++c) {
-    const int stage = c % kOpStages;
-    const uint32_t phase = (c / kOpStages) & 1;
-    uint8_t* op = smem_op + stage * OpStage::kBytes;
+  OpRing::Cursor pos;
+  for (int c = 0; c < chunks; ++c, pos.advance()) {
+    uint8_t* op = smem_op + pos.stage * OpStage::kBytes;
     const int count = static_cast<int>(it.len - int64_t{kC} * c < kC ? it.len - int64_t{kC} * c : kC);
-    ptx::mbarrier_wait_parity(&full[stage], phase);
+    ring.wait_full(pos);
 
     // V^T's fragments (rows v, k = tokens; bf16 pairs as loaded, zero past the chunk's tokens) from
     // this warpgroup's box, then each row's new scale, then the fragments in fp16 at that scale.
@@ -592,7 +595,7 @@ __device__ __forceinline__ void math_item(const FusedParams& p, const Item& it, 
       }
     }
     ptx::fence_proxy_async_shared();  // the out rows written over V, before the copy engine refills the box
-    ptx::mbarrier_arrive(&empty[stage]);
+    ring.release(pos);
   }
   if (p.final_state) {
 #pragma unroll
@@ -619,9 +622,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   uint8_t* op_stages = smem + kSmemOp;
   uint8_t* small = smem + kSmemSmall;
   uint64_t* bars = reinterpret_cast<uint64_t*>(small + Small::kBarriers);
-  uint64_t* in_full = bars;
-  uint64_t* full = bars + 1;   // [kOpStages]: the prep warpgroup's arrivals and V's bytes
-  uint64_t* empty = bars + 3;  // [kOpStages]: the math threads' arrivals
+  uint64_t* in_full = bars;  // the input stage: its leader's expect_tx and the copies' bytes
+  const OpRing ring{bars + 1, bars + 1 + kOpStages};
 
   Item it;
   it.head = static_cast<int>(blockIdx.x % p.num_heads);
@@ -632,11 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(in_full, 1);
-    for (int s = 0; s < kOpStages; ++s) {
-      ptx::mbarrier_init(&full[s], kPrepThreads);
-      ptx::mbarrier_init(&empty[s], kMathThreads);
-    }
-    ptx::fence_mbarrier_init();
+    ring.init(kMathThreads, kPrepThreads);  // its fence publishes in_full too
   }
   __syncthreads();
 
@@ -657,9 +655,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       load_tile(in + kInG, &p.g_tiles, it.head, row_of(0), in_full);
     }
     for (int c = 0; c < chunks; ++c) {
-      const int stage = c % kOpStages;
-      const uint32_t lap = (c / kOpStages) & 1;
-      uint8_t* op = op_stages + stage * OpStage::kBytes;
+      const OpRing::Cursor pos = OpRing::Cursor::of_fill(c);
+      uint8_t* op = op_stages + pos.stage * OpStage::kBytes;
       const int count = static_cast<int>(it.len - int64_t{kC} * c < kC ? it.len - int64_t{kC} * c : kC);
       if (leader && c + 1 < chunks) {  // the next chunk's rows toward the L2 while this one is worked on
         for (const CUtensorMap* m : {&p.q_tiles, &p.k_tiles, &p.g_tiles, &p.v_tiles}) {
@@ -677,15 +674,15 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
         reinterpret_cast<float*>(small + Small::kBeta)[threadIdx.x] = b;
       }
       // The stage's previous chunk (c - 2) released by the math warpgroups, then this chunk's V.
-      ptx::mbarrier_wait_parity(&empty[stage], lap ^ 1);
+      ring.wait_empty(pos);
       if (leader) {  // V's bytes join the phase that the 128 prep arrivals complete
-        ptx::mbarrier_expect_tx(&full[stage], kSwizzledTileBytes);
-        load_tile(op + OpStage::kV, &p.v_tiles, it.head, row_of(c), &full[stage]);
+        ptx::mbarrier_expect_tx(ring.full_barrier(pos), kSwizzledTileBytes);
+        load_tile(op + OpStage::kV, &p.v_tiles, it.head, row_of(c), ring.full_barrier(pos));
       }
       ptx::mbarrier_wait_parity(in_full, c & 1);
       warpgroup_barrier(kPrepBarrier);  // beta, dt_bias
       prep_chunk(p, L, in, op, smem + kSmemL, small, count, neg_expA_log2e);
-      ptx::mbarrier_arrive(&full[stage]);
+      ptx::mbarrier_arrive(ring.full_barrier(pos));
       warpgroup_barrier(kPrepBarrier);  // the input stage free
       if (leader) {
         if (c + 1 < chunks) {
@@ -700,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     set_max_registers_inc<kMathRegs>();
     const int tid = threadIdx.x - kPrepThreads;
     const MathLane L{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
-    math_item(p, it, L, op_stages, full, empty);
+    math_item(p, it, L, op_stages, ring);
   }
 }
 
@@ -710,9 +707,10 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
   if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 (sequence, head) pairs");
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-  if (attr != cudaSuccess) fail(ErrorCode::kCudaError, "configuring the fused prefill kernel failed: ", cudaGetErrorString(attr));
+  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
+  raised.run("raising the fused prefill kernel's shared-memory limit", [] {
+    return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  });
   fused_prefill_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "launching the fused prefill kernel failed: ", cudaGetErrorString(err));

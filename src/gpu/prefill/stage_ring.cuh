@@ -38,10 +38,12 @@ struct StageRing {
   };
 
   // One thread; its fence also publishes any barrier it initialised before (to the copy engine),
-  // and the caller's __syncthreads to the block.
-  __device__ __forceinline__ void init(uint32_t consumer_threads) const {
+  // and the caller's __syncthreads to the block. A stage is full after `producer_arrivals` arrivals
+  // (one thread's expect_tx, or every thread of a producer that writes the stage itself) and the
+  // bytes expected of its copies.
+  __device__ __forceinline__ void init(uint32_t consumer_threads, uint32_t producer_arrivals = 1) const {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&full[s], producer_arrivals);
       ptx::mbarrier_init(&empty[s], consumer_threads);
     }
     ptx::fence_mbarrier_init();
