@@ -264,6 +264,35 @@ TEST(PrefillPlan, RefusesWhatItCannotPlan) {
   Problem k64 = shapes({1024}, 4);
   k64.K = 64;
   expect_refused({}, k64, ErrorCode::kUnsupported, "K = 64");
+  expect_refused({{"FLASHKDA_FUSED", "2"}}, shapes({8192}, 96), ErrorCode::kInvalidArgument, "FLASHKDA_FUSED");
+}
+
+// The fused chunk-64 prefill: only where FLASHKDA_FUSED=1 asks for it, with no workspace, and a
+// forced call it cannot take is refused by the feature's name (never run on another path).
+TEST(PrefillPlan, TheFusedPrefillOnlyWhenForced) {
+  EXPECT_NE(plan({8192}, 96).pass, Pass::kFused);
+  {
+    const ScopedEnv fused({{"FLASHKDA_FUSED", "1"}});
+    for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+             {{8192}, 96}, {kUneven, 64}, {std::vector<int64_t>(64, 128), 32}, {{131072}, 8}, {{0}, 4}}) {
+      const PrefillPlan p = plan(lens, heads);
+      EXPECT_EQ(p.pass, Pass::kFused);
+      EXPECT_EQ(p.workspace_bytes(), 0u);
+    }
+  }
+  const std::initializer_list<std::pair<const char*, const char*>> forced = {{"FLASHKDA_FUSED", "1"}};
+  Problem softplus = shapes({1024}, 4);
+  softplus.gate = Gate::kSoftplus;
+  expect_refused(forced, softplus, ErrorCode::kUnsupported, "the fused prefill does not take the softplus gate");
+  Problem k_major = shapes({1024}, 4);
+  k_major.state_layout = StateLayout::kKV;
+  expect_refused(forced, k_major, ErrorCode::kUnsupported, "K-major states");
+  Problem pools = shapes({1024}, 4);
+  pools.state_indices = kUnreadOffsets;
+  expect_refused(forced, pools, ErrorCode::kUnsupported, "state pools");
+  Problem checkpoints = shapes({1024}, 4);
+  checkpoints.checkpoint_offsets = kUnreadOffsets;
+  expect_refused(forced, checkpoints, ErrorCode::kUnsupported, "checkpoints");
 }
 
 }  // namespace
