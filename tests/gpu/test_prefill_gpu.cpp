@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -439,17 +440,23 @@ RandomProblem& scale_values(RandomProblem& host, float factor) {
 
 TEST_P(GpuPrefillF16, EdgeLengthsEveryStateForm) { expect_edge_lengths_every_state_form(620); }
 
-TEST_P(GpuPrefillF16, LongSequencesLargeStatesAndTheSoftplusGate) {
-  expect_matches_oracle(packed({1000, 4097}, 2, 624));
+// Large fp32 and bf16 states (|S0| ~ 1e3) under a constant gate input each: -8 keeps them (little
+// decay), 0 some, +8 decays them by ~e^-5 a token.
+void expect_large_states(uint64_t seed, std::initializer_list<float> gates) {
   for (const DType dtype : {DType::kF32, DType::kBF16})
-    for (const float gc : {-8.0f, 0.0f}) {  // large states that little (or no) decay keeps
-      ProblemSpec large = packed({700, 33}, 2, 625);
+    for (const float gc : gates) {
+      ProblemSpec large = packed({700, 33}, 2, seed);
       large.init = InitState::kLarge;
       large.init_dtype = large.final_dtype = dtype;
       large.g_input = GateInput::kConstant;
       large.g_const = gc;
       expect_matches_oracle(large);
     }
+}
+
+TEST_P(GpuPrefillF16, LongSequencesLargeStatesAndTheSoftplusGate) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 624));
+  expect_large_states(625, {-8.0f, 0.0f});
   ProblemSpec spec = packed({300, 0, 17, 1, 64}, 3, 626);
   spec.gate = Gate::kSoftplus;
   RandomProblem host(spec);
@@ -507,17 +514,7 @@ TEST_F(GpuPrefillFused, LongSequencesManyHeads) {
   expect_matches_oracle(packed({300, 40, 129}, 32, 647));
 }
 
-TEST_F(GpuPrefillFused, LargeStatesAndDecaySweep) {
-  for (const DType dtype : {DType::kF32, DType::kBF16})
-    for (const float gc : {-8.0f, 0.0f, 8.0f}) {  // little, some and strong decay (a ~ -5 a token)
-      ProblemSpec large = packed({700, 33}, 2, 648);
-      large.init = InitState::kLarge;
-      large.init_dtype = large.final_dtype = dtype;
-      large.g_input = GateInput::kConstant;
-      large.g_const = gc;
-      expect_matches_oracle(large);
-    }
-}
+TEST_F(GpuPrefillFused, LargeStatesAndDecaySweep) { expect_large_states(648, {-8.0f, 0.0f, 8.0f}); }
 
 TEST_F(GpuPrefillFused, LargeAndSmallValues) { expect_large_and_small_values(649); }
 

@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from state_pass_precision import bf16, chunked, fp16, oracle, sigmoid, tf32_round  # noqa: E402
+from state_pass_precision import bf16, chunk_rows, chunked, fp16, oracle, tf32_round  # noqa: E402
 
 f = np.float32
 BAR = 3e-3
@@ -116,14 +116,7 @@ def chunk64(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, var, C, R):
     ST = S0.astype(f).copy()  # S^T [V, K], fp32 between chunks, unscaled (power-of-two scales are exact)
     out = np.zeros((T, v.shape[1]), f)
     for c0 in range(0, T, C):
-        n = min(C, T - c0)
-        pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:], x.dtype)]) if n < C else x
-        qq, kk, vv = (pad(x[c0:c0 + n].astype(f)) for x in (q, k, v))
-        a = pad((lb * sigmoid(np.exp(f(A_log)) * (g[c0:c0 + n].astype(f) + dt_bias.astype(f)))).astype(f))
-        b = pad(sigmoid(beta[c0:c0 + n].astype(f)))
-        qh = qq / np.sqrt((qq ** 2).sum(1, keepdims=True) + f(1e-6))
-        kh = kk / np.sqrt((kk ** 2).sum(1, keepdims=True) + f(1e-6))
-        G = np.cumsum(a, 0, dtype=f)
+        n, vv, b, qh, kh, G = chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C)
         eG = np.exp(G)
         Kt, Qt, Kr, D = kh * eG, scale * qh * eG, kh * np.exp(G[-1] - G), np.exp(G[-1])
         L, M = blocked_LM(kh, scale * qh, G, b, C, R, var)

@@ -83,6 +83,20 @@ def oracle(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0):
     return out, S.T
 
 
+def chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C):
+    """The fp32 per-token part of the chunk of C tokens at c0, zero-padded past the sequence's end:
+    (n tokens, v rows, beta, q^, k^, G = cumsum of the safe gate's a)."""
+    f = np.float32
+    n = min(C, q.shape[0] - c0)
+    pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:], x.dtype)]) if n < C else x
+    qq, kk, vv = (pad(x[c0:c0 + n].astype(f)) for x in (q, k, v))
+    a = pad((lb * sigmoid(np.exp(f(A_log)) * (g[c0:c0 + n].astype(f) + dt_bias.astype(f)))).astype(f))
+    b = pad(sigmoid(beta[c0:c0 + n].astype(f)))
+    qh = qq / np.sqrt((qq ** 2).sum(1, keepdims=True) + f(1e-6))
+    kh = kk / np.sqrt((kk ** 2).sum(1, keepdims=True) + f(1e-6))
+    return n, vv, b, qh, kh, np.cumsum(a, 0, dtype=f)
+
+
 def chunked(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, variant):
     f = np.float32
     T, K = q.shape
@@ -94,14 +108,7 @@ def chunked(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, variant):
         fac = np.where(m0 > 0, np.exp2(RESCALE_TO - np.floor(np.log2(np.where(m0 > 0, m0, 1)))), 1).astype(f)
         ST, up, bound = ST * fac[:, None], (1 / fac).astype(f), m0 * fac
     for c0 in range(0, T, C):
-        n = min(C, T - c0)
-        pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:], x.dtype)]) if n < C else x
-        qq, kk, vv = (pad(x[c0:c0 + n].astype(f)) for x in (q, k, v))
-        a = pad((lb * sigmoid(np.exp(f(A_log)) * (g[c0:c0 + n].astype(f) + dt_bias.astype(f)))).astype(f))
-        b = pad(sigmoid(beta[c0:c0 + n].astype(f)))
-        qh = qq / np.sqrt((qq ** 2).sum(1, keepdims=True) + f(1e-6))
-        kh = kk / np.sqrt((kk ** 2).sum(1, keepdims=True) + f(1e-6))
-        G = np.cumsum(a, 0, dtype=f)
+        n, vv, b, qh, kh, G = chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C)
         qt, kt, km, kr = scale * qh * np.exp(G), kh * np.exp(G), kh * np.exp(-G), kh * np.exp(G[-1] - G)
         if variant == "bf16":
             L, M = bf16(kt) @ bf16(km).T, bf16(qt) @ bf16(km).T
