@@ -19,10 +19,12 @@
 //      block's start (R_b: G before the block), by a scan across the lanes of a quad column;
 //   2. L_bb, M_bb in tf32 (operands up to e^80); the fp16 products kept in place of the inputs:
 //      q -> scale q^ e^(G - R_b), k -> k^ e^(G - R_b), g -> k^ e^(T_b - G) (T_b: the block's sum);
-//   3. the block sums exchanged: R_b and G_C per channel; Qt and Kt^T written;
-//   4. L_bj, M_bj for j < b in fp16 (B side k^ e^(R_b - G_j) = the g products times e^(R_b - R_(j+1)));
-//   5. (I + L)^-1 by blocks: the diagonal ones by forward substitution in fp32, then the blocks
-//      below by levels (X_bj = -X_bb sum_m L_bm X_mj) on tf32 mma; W = X Diag(beta);
+//   3. the block sums exchanged, a table of per-channel factors (e^R_b, e^(G_C - R_(b+1)),
+//      e^(R_b - R_(j+1))) from them; Qt and Kt^T written;
+//   4. L_bj, M_bj for j < b in fp16 (B side k^ e^(R_b - G_j) = the g products times e^(R_b - R_(j+1))),
+//      the six blocks dealt over the four warps;
+//   5. (I + L)^-1 by blocks: the diagonal ones by right-looking substitution in fp32, then the
+//      blocks below by levels (X_bj = -X_bb sum_m L_bm X_mj) on tf32 mma; W = X Diag(beta);
 //   6. Wk = W Kt (fp16 mma), then Kr^T over Kt^T's place.
 #include <cuda_runtime.h>
 
