@@ -197,7 +197,7 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
   }
   // Blocks of L (fp32, beta_i folded) into their region, of M (fp16) into the stage, as computed.
   const float bi[2] = {beta[i0], beta[i1]};
-  auto put_block = [&](uint8_t* base, const float (&c)[2][4], int ib, int jb, bool lower_only, bool diag_too, float sign) {
+  auto put_block = [&](uint8_t* base, const float (&c)[2][4], int ib, int jb, bool strictly_lower, float sign) {
     // C fragments (rows g, g + 8 of block ib; columns 8 n + 2t, + 1 of block jb) as fp32 [16][16]
 #pragma unroll
     for (int n = 0; n < 2; ++n)
@@ -206,7 +206,7 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int r = g + 8 * h, col = 8 * n + 2 * t + e;
-          const bool keep = !lower_only || col < r || (diag_too && col == r);
+          const bool keep = !strictly_lower || col < r;
           reinterpret_cast<float*>(base + lower_block(ib, jb))[r * kBlock + col] = keep ? sign * c[n][2 * h + e] : 0.f;
         }
   };
@@ -226,7 +226,7 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) lb[n][e] = Ld[n][e] * bi[e >> 1];
-    put_block(Lblk, lb, warp, warp, true, false, 1.f);
+    put_block(Lblk, lb, warp, warp, true, 1.f);
     put_m(Md, warp, warp, true);
   }
   warpgroup_barrier(kPrepBarrier);  // totals, and every block's in-place products
@@ -310,7 +310,7 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) Lo[n][e] *= bb[e >> 1];
-    put_block(Lblk, Lo, b, j, false, false, 1.f);
+    put_block(Lblk, Lo, b, j, false, 1.f);
     put_m(Mo, b, j, false);
   }
   // Zero M's blocks above the diagonal (the stage is reused).
@@ -364,12 +364,12 @@ __device__ __forceinline__ void prep_chunk(const FusedParams& p, const PrepLane&
       for (int m = j; m < warp; ++m)
         product(reinterpret_cast<const float*>(Lblk + lower_block(warp, m)), reinterpret_cast<const float*>(Xblk + lower_block(m, j)), y);
       // y into X_bj's place (fp32 [16][16]) as the B operand of X_bb y; then the result over it.
-      put_block(Xblk, y, warp, j, false, false, 1.f);
+      put_block(Xblk, y, warp, j, false, 1.f);
       __syncwarp();
       float x[2][4] = {};
       product(reinterpret_cast<const float*>(Xblk + lower_block(warp, warp)), reinterpret_cast<const float*>(Xblk + lower_block(warp, j)), x);
       __syncwarp();
-      put_block(Xblk, x, warp, j, false, false, -1.f);
+      put_block(Xblk, x, warp, j, false, -1.f);
     }
   }
   warpgroup_barrier(kPrepBarrier);  // every X block
