@@ -59,6 +59,9 @@ struct PrefillPlan {
   // kSplit, kept rows in 2xTF32: the products on wgmma (StitchParams::rows_wgmma;
   // FLASHKDA_STITCH_ROWS_WGMMA=0: on mma.sync, bit for bit the one-tile blocks' results)
   bool stitch_rows_wgmma = true;
+  // kFused: the elementwise pass's channel groups (of 16) taken by the prep warpgroup beside the
+  // step, then by the first math warpgroup's end (FusedParams::split; FLASHKDA_FUSED_SPLIT=a:b).
+  int fused_split[2] = {6, 11};
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
   // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms

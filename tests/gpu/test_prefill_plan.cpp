@@ -278,8 +278,19 @@ TEST(PrefillPlan, TheFusedPrefillOnlyWhenForced) {
       const PrefillPlan p = plan(lens, heads);
       EXPECT_EQ(p.pass, Pass::kFused);
       EXPECT_EQ(p.workspace_bytes(), 0u);
+      EXPECT_EQ(p.fused_split[0], 6);  // the elementwise pass's channel groups: 6, 5, 5 by default
+      EXPECT_EQ(p.fused_split[1], 11);
     }
   }
+  {
+    const ScopedEnv split({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_SPLIT", "4:10"}});
+    const PrefillPlan p = plan({8192}, 96);
+    EXPECT_EQ(p.fused_split[0], 4);
+    EXPECT_EQ(p.fused_split[1], 10);
+  }
+  for (const char* bad : {"0:8", "8:8", "4:16", "4,10", "x"})
+    expect_refused({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_SPLIT", bad}}, shapes({8192}, 96), ErrorCode::kInvalidArgument,
+                   "FLASHKDA_FUSED_SPLIT: expected a:b with 0 < a < b < 16");
   const std::initializer_list<std::pair<const char*, const char*>> forced = {{"FLASHKDA_FUSED", "1"}};
   Problem softplus = shapes({1024}, 4);
   softplus.gate = Gate::kSoftplus;

@@ -344,6 +344,12 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
   if (use_fused(p)) {  // no workspace
     plan.pass = PrefillPlan::Pass::kFused;
+    if (const char* forced = std::getenv("FLASHKDA_FUSED_SPLIT")) {
+      int a = 0, b = 0;
+      if (std::sscanf(forced, "%d:%d", &a, &b) != 2 || !(0 < a && a < b && b < 16))
+        fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected a:b with 0 < a < b < 16, got '", forced, "'");
+      plan.fused_split[0] = a, plan.fused_split[1] = b;
+    }
     return plan;
   }
   if (use_wgmma(p)) {
@@ -390,7 +396,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
 }
 
 // The fused prefill's launch: q, k, g, v as tensor maps of [64 tokens][64] swizzled boxes.
-void fused_forward(const Problem& p, cudaStream_t stream) {
+void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t stream) {
   auto tiles = [&](const uint16_t* data, const RowStrides& rows) {
     const ActivationView a = activation_view(data, rows, p, kHeadDim);  // token rows evenly spaced (the plan)
     return encode_token_tiles_map(data, p.total_tokens, p.H, a.token, a.head, fused::kC);
@@ -398,14 +404,14 @@ void fused_forward(const Problem& p, cudaStream_t stream) {
   FusedParams f{tiles(p.q, p.q_rows), tiles(p.k, p.k_rows), tiles(p.g, p.g_rows), tiles(p.v, p.v_rows),
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
-                p.final_state, p.final_state_dtype == DType::kF32, p.out};
+                p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]}};
   launch_fused(f, stream);
 }
 
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.N == 0) return;
   if (plan.pass == PrefillPlan::Pass::kFused) {
-    fused_forward(p, stream);
+    fused_forward(p, plan, stream);
     return;
   }
 

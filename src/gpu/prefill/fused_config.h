@@ -2,11 +2,15 @@
 // chunk's operands in shared memory and runs the state chain on them, so that nothing but q, k,
 // v, g, beta, the states and out crosses device memory. Its layouts, derived here once.
 //
-// Roles: warpgroup 0 prepares chunk c + 1 (gate, norms, the blocked L and M, the inverse, W Kt)
-// while warpgroups 1 and 2 run chunk c's step on wgmma, each owning 64 value rows of S^T.
+// Roles: all twelve warps prepare each chunk (gate, norms, the blocked L and M, the inverse, W Kt),
+// the work dealt over them; warpgroups 1 and 2 then run the chunk's step on wgmma, each owning 64
+// value rows of S^T, while warpgroup 0 (the prep warpgroup) starts the next chunk: its norms and
+// the first channel part of its elementwise pass. One operand stage suffices: nothing writes it
+// while the step reads it. q, k, g and v come in two input stages (the copy engine).
 // Numerics (tools/numerics/chunk64_precision.py, variant f16-scaled-vscaled): fp16 tensor-core
 // operands with fp32 accumulation, the state in fp32 registers with a power-of-two scale per value
-// row (V enters in that scale too), the diagonal 16-token blocks of L and M in tf32.
+// row (V enters in that scale too), the diagonal 16-token blocks of L and M in tf32 (operands
+// truncated, not rounded: 1.87e-3 at worst in the model against 1.73e-3).
 #pragma once
 
 #include <cstdint>
@@ -14,12 +18,18 @@
 namespace flashkda::gpu::fused {
 
 constexpr int kC = 64;        // tokens a chunk (the chain's step)
-constexpr int kBlock = 16;    // tokens a block of L and M (a prep warp's rows)
+constexpr int kBlock = 16;    // tokens a block of L and M
 constexpr int kBlocks = kC / kBlock;
 constexpr int kD = 128;       // K = V
 constexpr int kPrepThreads = 128, kMathThreads = 256, kThreads = kPrepThreads + kMathThreads;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMathRows = kD / (kMathThreads / 128);  // value rows a math warpgroup owns
-static_assert(kBlocks == kPrepThreads / 32, "a prep warp a 16-token block");
+// The elementwise pass: warp w takes token block w % kBlocks and channel part w / kBlocks (part 0:
+// the prep warpgroup), a part a range of channel groups of 8 (FusedParams::split).
+constexpr int kParts = kWarps / kBlocks;
+constexpr int kChannelGroups = kD / 8;
+static_assert(kParts * kBlocks == kWarps && kParts == 3, "three channel parts of four token blocks");
+static_assert(kPrepThreads / 32 == kBlocks, "a prep warp a token block (norms, the inverse)");
 static_assert(kMathRows == 64, "a math warpgroup is one m64 wgmma tile of value rows");
 
 // Byte offset of element (r, c) of an fp16 [rows][cols] wgmma operand tile, K-major (c along K)
@@ -38,51 +48,63 @@ __host__ __device__ constexpr uint32_t swizzled_offset(int tok, int col) {
 constexpr uint32_t kSwizzledTileBytes = kC * kD * 2;
 constexpr uint32_t kBoxBytes = kSwizzledTileBytes / 2;
 
-// The input stage: q, k, g of the chunk prep works on (swizzled tiles). Prep overwrites each
-// element in place with its fp16 products (q -> scale q^ e^(G - R_b), k -> k^ e^(G - R_b),
-// g -> k^ e^(T_b - G): block-relative, all <= 1), then reuses the k tile for the blocks of the
-// inverse X = (I + L)^-1 (fp32 16 x 16, lower triangle of 4 x 4 blocks, lower_block), beside
-// the blocks of L in a region of their own.
+// An input stage: q, k, g, v of one chunk (swizzled tiles), two stages. Prep overwrites q, k, g
+// in place with its fp16 products (q -> scale q^ e^(G - R_b), k -> k^ e^(G - R_b), g -> k^ e^(T_b - G):
+// block-relative, all <= 1), then reuses the k tile for the off-diagonal blocks of the inverse
+// X = (I + L)^-1 (fp32 16 x 16, lower_block); the step reads V and writes the out rows over it.
+// q, k, g and v complete on barriers of their own: q, k, g are free once the chunk's prep is done,
+// v only after its step.
 constexpr uint32_t kInQ = 0, kInK = kInQ + kSwizzledTileBytes, kInG = kInK + kSwizzledTileBytes;
-constexpr uint32_t kInBytes = 3 * kSwizzledTileBytes;
+constexpr uint32_t kInV = kInG + kSwizzledTileBytes;
+constexpr uint32_t kInQkgBytes = 3 * kSwizzledTileBytes;
+constexpr uint32_t kInBytes = 4 * kSwizzledTileBytes;
+constexpr int kInStages = 2;
 constexpr uint32_t kBlockTileBytes = kBlock * kBlock * 4;
 __host__ __device__ constexpr uint32_t lower_block(int a, int b) { return static_cast<uint32_t>(a * (a + 1) / 2 + b) * kBlockTileBytes; }
 static_assert(lower_block(kBlocks - 1, kBlocks - 1) + kBlockTileBytes <= kSwizzledTileBytes, "L or X blocks fit a tile");
 
-// An operand stage (prep -> math), two of them: the chunk's fp16 wgmma B tiles, V as loaded, the decay.
+// The operand stage (prep -> step): the chunk's fp16 wgmma B tiles. Kt^T is prep's own (W Kt).
 struct OpStage {
   static constexpr uint32_t kWk = 0;                                    // W Kt [64 tokens][128 channels]
   static constexpr uint32_t kQt = kWk + kC * kD * 2;                     // scale q^ e^G [64][128]
-  static constexpr uint32_t kKrT = kQt + kC * kD * 2;                    // (k^ e^(G_C - G))^T [128][64]; Kt^T first
-  static constexpr uint32_t kM = kKrT + kC * kD * 2;                     // M [64 i][64 j]
+  static constexpr uint32_t kKtT = kQt + kC * kD * 2;                    // (k^ e^G)^T [128][64]
+  static constexpr uint32_t kM = kKtT + kC * kD * 2;                     // M [64 i][64 j]
   static constexpr uint32_t kW = kM + kC * kC * 2;                       // W = (I + L)^-1 Diag(beta) [64 i][64 j]
-  static constexpr uint32_t kV = kW + kC * kC * 2;                       // V, swizzled; then out rows
-  static constexpr uint32_t kDecay = kV + kSwizzledTileBytes;            // exp(G_C) [128] fp32
-  static constexpr uint32_t kBytes = kDecay + 1024;
+  static constexpr uint32_t kBytes = kW + kC * kC * 2;
 };
-static_assert(OpStage::kV % 1024 == 0 && OpStage::kBytes % 1024 == 0, "copy-engine boxes 1024-byte aligned");
-constexpr int kOpStages = 2;
+static_assert(OpStage::kBytes % 1024 == 0, "the regions after it stay 1024-byte aligned");
+
+// Kr^T = (k^ e^(G_C - G))^T [128][64] fp16, read by the step; before prep writes it, the partial
+// diagonal products of channel parts 1 and 2 (fp32 C fragments: [part - 1][block][L n0, L n1,
+// M n0, M n1][lane] float4), which part 0 adds to its own in a fixed order (bit-identical reruns).
+constexpr uint32_t kKrTBytes = kC * kD * 2;
+constexpr uint32_t kPartialBytes = (kParts - 1) * kBlocks * 4 * 32 * 16;
+static_assert(kPartialBytes <= kKrTBytes, "the partials fit Kr^T's place");
 
 // Small per-item and per-chunk arrays after the stages.
 struct Small {
   static constexpr uint32_t kDtBias = 0;                   // [128] fp32, the head's gate bias
   static constexpr uint32_t kBeta = kDtBias + kD * 4;      // [64] sigmoid(beta), 0 past the chunk's tokens
-  static constexpr uint32_t kTotals = kBeta + kC * 4;      // [4 blocks][128] sum of a over each block
+  static constexpr uint32_t kRq = kBeta + kC * 4;          // [64] scale / ||q||
+  static constexpr uint32_t kRk = kRq + kC * 4;            // [64] 1 / ||k||
+  static constexpr uint32_t kTotals = kRk + kC * 4;        // [4 blocks][128] sum of a over each block
   // Per channel, from the block sums T_b (log2; R_b = T_0 + .. + T_(b-1), G_C = R_4), once a chunk:
   static constexpr uint32_t kER = kTotals + kBlocks * kD * 4;    // [4][128] e^R_b: Qt, Kt of block b
   static constexpr uint32_t kEKr = kER + kBlocks * kD * 4;       // [4][128] e^(G_C - R_(b+1)): Kr of block b
   // [3][128] e^(R_b - R_(j+1)) for (b, j) = (2, 0), (3, 1), (3, 0), over the first rows of the block
   // sums, which each channel's thread reads before it writes them.
   static constexpr uint32_t kEGap = kTotals;
-  static constexpr uint32_t kBarriers = kEKr + kBlocks * kD * 4;  // in_full, full[2], empty[2]
-  static constexpr uint32_t kBytes = kBarriers + 8 * 8;
+  static constexpr uint32_t kDecay = kEKr + kBlocks * kD * 4;    // [128] e^G_C, read by the step
+  static constexpr uint32_t kBarriers = kDecay + kD * 4;         // q/k/g full[2], v full[2]
+  static constexpr uint32_t kBytes = kBarriers + 4 * 8;
 };
 
-constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded
+constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
 
 constexpr uint32_t kSmemIn = 0;
-constexpr uint32_t kSmemOp = kSmemIn + kInBytes;
-constexpr uint32_t kSmemL = kSmemOp + kOpStages * OpStage::kBytes;
+constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
+constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
+constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;
 constexpr uint32_t kSmemSmall = kSmemL + kLBlocksBytes;
 constexpr uint32_t kSmemBytes = kSmemSmall + Small::kBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits one block a multiprocessor");

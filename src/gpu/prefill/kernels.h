@@ -206,6 +206,9 @@ struct FusedParams {
   void* final_state;          // [N, H, 128, 128] V-major, or nullptr
   bool final_f32;
   uint16_t* out;              // [total, H, 128] bf16, dense
+  // The elementwise pass's channel groups of 8 (fused_config.h): part 0 takes [0, split[0]),
+  // part 1 [split[0], split[1]), part 2 the rest (PrefillPlan::fused_split).
+  int split[2];
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 
