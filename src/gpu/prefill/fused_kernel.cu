@@ -23,11 +23,11 @@
 //      part 0 runs it beside the step, parts 1 and 2 (the math warpgroups) after it;
 //   2. the parts' diagonal products added (fixed order); a table of per-channel factors (e^R_b,
 //      e^(G_C - R_(b+1)), e^(R_b - R_(j+1))) from the block sums;
-//   3. Qt, Kt^T and Kr^T, each warp its block and part; the six off-diagonal blocks of L and M
-//      (fp16 mma, B side k^ e^(R_b - G_j) = the g products times e^(R_b - R_(j+1))), a block and
-//      matrix a warp; X_bb = (I + L_bb)^-1 by right-looking substitution (the prep warpgroup);
+//   3. the six off-diagonal blocks of L and M (fp16 mma, B side k^ e^(R_b - G_j) = the g products
+//      times e^(R_b - R_(j+1))), a block and matrix a warp; X_bb = (I + L_bb)^-1 by right-looking
+//      substitution (prep warpgroup) beside Kt^T (math warpgroups);
 //   4. (prep warpgroup) the blocks below the diagonal by levels (X_bj = -X_bb sum_m L_bm X_mj on
-//      tf32 mma), then W = X Diag(beta) in fp16;
+//      tf32 mma), then W = X Diag(beta) in fp16; beside it Qt and Kr^T (math warpgroups);
 //   5. Wk = W Kt (fp16 mma), dealt over the twelve warps by (row-block pair, channel group).
 #include <cuda_runtime.h>
 
@@ -67,6 +67,22 @@ __device__ __forceinline__ void set_max_registers_inc() { asm volatile("setmaxnr
 constexpr int kInputsBarrier = 1, kPrepBarrier = 2, kMathBarrier = 3;  // kMathBarrier + wg: a math warpgroup
 __device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+
+// FLASHKDA_FUSED_TIMING (cmake -DFLASHKDA_FUSED_TIMING=ON, a diagnostic build): the first thread
+// of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk and
+// prints the stamps at the end: where a chunk's time goes, without a profiler.
+#ifdef FLASHKDA_FUSED_TIMING
+constexpr int kTimedChunk = 20, kMarks = 12;
+__device__ long long g_fused_marks[3][kMarks];
+#define FUSED_MARK(c, i)                                                                          \
+  do {                                                                                            \
+    if (blockIdx.x == 0 && (c) == kTimedChunk && threadIdx.x % 128 == 0) g_fused_marks[threadIdx.x / 128][i] = clock64(); \
+  } while (0)
+#else
+#define FUSED_MARK(c, i) \
+  do {                   \
+  } while (0)
+#endif
 
 __device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
@@ -183,6 +199,8 @@ using Frag16 = float[2][4];
 
 // Phase 1: the elementwise pass of block L.block() over channel groups [kk0, kk1); Ld, Md take the
 // part's share of the diagonal products L_bb, M_bb (fp32 C fragments; n-tile = token half).
+// kUnroll: channel groups a loop trip (the math warpgroups have the registers for two).
+template <int kUnroll>
 __device__ __forceinline__ void elementwise_pass(const FusedParams& p, const PrepWarp& L, const Regions& R, int count, float neg_expA_log2e,
                                                  int kk0, int kk1, Frag16& Ld, Frag16& Md) {
   const int b = L.block(), lane = L.lane, t = L.t;
@@ -194,7 +212,7 @@ __device__ __forceinline__ void elementwise_pass(const FusedParams& p, const Pre
   const float rk0 = R.f(Small::kRk)[i0], rk1 = R.f(Small::kRk)[i1];
   const float lb_log2e = ptx::kLog2e * p.lower_bound;
   uint8_t* in = R.in;
-#pragma unroll 1
+#pragma unroll kUnroll
   for (int kk = kk0; kk < kk1; ++kk) {
     const int c = 8 * kk + 2 * t;
     const uint32_t oq0 = kInQ + swizzled_offset(i0, c), oq1 = kInQ + swizzled_offset(i1, c);
@@ -328,26 +346,32 @@ __device__ __forceinline__ void factor_table(const Regions& R, int c) {
   R.fw(Small::kDecay)[c] = ptx::exp2_ftz(S[kBlocks]);
 }
 
-// Phase 3: Qt, Kt^T and Kr^T of block L.block() over channel groups [kk0, kk1).
-__device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int kk0, int kk1) {
-  const int b = L.block();
+// Kt^T (kKt; phase 3, from the k products) or Qt and Kr^T (phase 4, from the q and g products, while
+// the k tile holds X) of token block b over channel groups [kk0, kk1).
+template <bool kKt>
+__device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int b, int kk0, int kk1) {
   const float* eR = R.f(Small::kER) + b * kD;
   const float* eKr = R.f(Small::kEKr) + b * kD;
+  const int tok0 = kBlock * b + L.g;
 #pragma unroll 2
   for (int kk = kk0; kk < kk1; ++kk) {
     const int c = 8 * kk + 2 * L.t;
-    const float2 e = *reinterpret_cast<const float2*>(eR + c), er = *reinterpret_cast<const float2*>(eKr + c);
+    const float2 e = *reinterpret_cast<const float2*>(eR + c);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = L.tok0() + 8 * h;
-      const float2 qa = unpack_f16x2(at<uint32_t>(R.in, kInQ + swizzled_offset(tok, c)));
-      const float2 ka = unpack_f16x2(at<uint32_t>(R.in, kInK + swizzled_offset(tok, c)));
-      const float2 kr = unpack_f16x2(at<uint32_t>(R.in, kInG + swizzled_offset(tok, c)));
-      at<uint32_t>(R.op, OpStage::kQt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(qa.x * e.x, qa.y * e.y);
-      at<__half>(R.op, OpStage::kKtT + tile_offset(c, tok, kC)) = __float2half_rn(ka.x * e.x);
-      at<__half>(R.op, OpStage::kKtT + tile_offset(c + 1, tok, kC)) = __float2half_rn(ka.y * e.y);
-      at<__half>(R.krt, tile_offset(c, tok, kC)) = __float2half_rn(kr.x * er.x);
-      at<__half>(R.krt, tile_offset(c + 1, tok, kC)) = __float2half_rn(kr.y * er.y);
+      const int tok = tok0 + 8 * h;
+      if constexpr (kKt) {
+        const float2 ka = unpack_f16x2(at<uint32_t>(R.in, kInK + swizzled_offset(tok, c)));
+        at<__half>(R.op, OpStage::kKtT + tile_offset(c, tok, kC)) = __float2half_rn(ka.x * e.x);
+        at<__half>(R.op, OpStage::kKtT + tile_offset(c + 1, tok, kC)) = __float2half_rn(ka.y * e.y);
+      } else {
+        const float2 er = *reinterpret_cast<const float2*>(eKr + c);
+        const float2 qa = unpack_f16x2(at<uint32_t>(R.in, kInQ + swizzled_offset(tok, c)));
+        const float2 kr = unpack_f16x2(at<uint32_t>(R.in, kInG + swizzled_offset(tok, c)));
+        at<uint32_t>(R.op, OpStage::kQt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(qa.x * e.x, qa.y * e.y);
+        at<__half>(R.krt, tile_offset(c, tok, kC)) = __float2half_rn(kr.x * er.x);
+        at<__half>(R.krt, tile_offset(c + 1, tok, kC)) = __float2half_rn(kr.y * er.y);
+      }
     }
   }
 }
@@ -515,7 +539,9 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
       *partial_slot(R, L.part(), L.block(), 2 + n, L.lane) = make_float4(Md[n][0], Md[n][1], Md[n][2], Md[n][3]);
     }
   }
+  FUSED_MARK(c, 3);
   __syncthreads();  // the elementwise pass; the math warpgroups past chunk c - 1's step
+  FUSED_MARK(c, 4);
   if constexpr (kPrep) {
     // Chunk c + 1's v into the stage chunk c - 1's step has left.
     if (threadIdx.x == 0 && c + 1 < it.chunks()) load_v(p, it, c + 1, in_stages, bars);
@@ -523,19 +549,28 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   } else {
     if (L.part() == 1) factor_table(R, static_cast<int>(threadIdx.x) - kPrepThreads);
   }
+  FUSED_MARK(c, 5);
   __syncthreads();  // the factors, the diagonal blocks; the partials read (Kr^T's place free)
-  const int kk0 = L.part() == 0 ? 0 : p.split[L.part() - 1];
-  const int kk1 = L.part() == kParts - 1 ? kChannelGroups : p.split[L.part()];
+  FUSED_MARK(c, 6);
+  // Phases 3 and 4: the prep warpgroup inverts (X_bb, then the levels) while the math warpgroups
+  // write the operand tiles, a token block and half of the channel groups a warp.
+  const int tile_block = (L.warp - kPrepThreads / 32) % kBlocks, tile_kk0 = (L.warp - kPrepThreads / 32) / kBlocks * (kChannelGroups / 2);
+  static_assert(kMathThreads / 32 == 2 * kBlocks, "two math warps a token block");
   if constexpr (kPrep) invert_diagonal(L, R);
-  operand_tiles(L, R, kk0, kk1);
+  else operand_tiles<true>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
   off_diagonal_block(L, R);
+  FUSED_MARK(c, 7);
   __syncthreads();  // L's blocks, X_bb; the k products read (the k tile free for X)
   if constexpr (kPrep) invert_below_and_w(L, R);
+  else operand_tiles<false>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
+  FUSED_MARK(c, 8);
   __syncthreads();  // W
+  FUSED_MARK(c, 9);
   wk_units(L, R);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
   __syncthreads();
+  FUSED_MARK(c, 10);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,16 +750,23 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   }
   named_sync(kMathBarrier + L.wg, 128);
   const int tid = threadIdx.x % 128;
+  uint4 rows[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int tok = 16 * i + tid / 8, chunk = tid % 8;
+    rows[i] = *reinterpret_cast<const uint4*>(vbox + tok * 128 + ((chunk ^ (tok % 8)) * 16));
+  }
+  // The box's stores and loads, before the copy engine refills it. Fenced before the stores to
+  // device memory: the fence (MEMBAR.ALL.CTA) would otherwise wait for them too.
+  ptx::fence_proxy_async_shared();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int tok = 16 * i + tid / 8, chunk = tid % 8;
     if (tok < count) {
       const int64_t row = it.bos + int64_t{kC} * c + tok;
-      *reinterpret_cast<uint4*>(p.out + (row * p.num_heads + it.head) * kD + kMathRows * L.wg + 8 * chunk) =
-          *reinterpret_cast<const uint4*>(vbox + tok * 128 + ((chunk ^ (tok % 8)) * 16));
+      *reinterpret_cast<uint4*>(p.out + (row * p.num_heads + it.head) * kD + kMathRows * L.wg + 8 * chunk) = rows[i];
     }
   }
-  ptx::fence_proxy_async_shared();  // the out rows written over V, before the copy engine refills the box
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -767,11 +809,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     set_max_registers_dec<kPrepRegs>();
     for (int c = 0; c < chunks; ++c) {
       const Regions R = regions(c);
+      FUSED_MARK(c, 0);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
+      FUSED_MARK(c, 1);
       chunk_scalars(p, it, c, L, R);
+      FUSED_MARK(c, 2);
       named_arrive(kInputsBarrier, kThreads);
       Frag16 Ld = {}, Md = {};
-      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
+      elementwise_pass<1>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
       // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
       if (threadIdx.x == 0 && c + kInStages < chunks) load_qkg(p, it, c + kInStages, in_stages, bars);
@@ -784,16 +829,29 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     load_state(p, it, M, S);
     for (int c = 0; c < chunks; ++c) {
       const Regions R = regions(c);
+      FUSED_MARK(c, 0);
       named_sync(kInputsBarrier, kThreads);  // beta and the norms of chunk c
+      FUSED_MARK(c, 1);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       Frag16 Ld = {}, Md = {};
       const int part = L.part();
-      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
+      elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       step(p, it, c, M, R, bars, S);
+      FUSED_MARK(c, 11);
     }
     store_state(p, it, M, S);
   }
+#ifdef FLASHKDA_FUSED_TIMING
+  if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && chunks > kTimedChunk) {
+    const long long* m = g_fused_marks[threadIdx.x / 128];
+    const long long o = g_fused_marks[0][0];  // the prep warpgroup's loop top; the math ones' 2 is unset
+    printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld wait %lld scalars %lld pass %lld A %lld "
+           "diag/factors %lld B %lld tiles/offdiag/inverse %lld C %lld levels/W %lld C' %lld Wk+D %lld step %lld\n",
+           kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
+           m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o);
+  }
+#endif
 }
 
 }  // namespace
