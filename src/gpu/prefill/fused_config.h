@@ -35,15 +35,16 @@ static_assert(kMathRows == 64, "a math warpgroup is one m64 wgmma tile of value 
 // Byte offset of element (r, c) of an fp16 [rows][cols] wgmma operand tile, K-major (c along K)
 // without swizzle: 8 x 8 core matrices of 128 contiguous bytes, K-adjacent ones 128 bytes apart
 // (the descriptor's leading offset), row-adjacent groups cols * 16 bytes apart (its stride).
-__host__ __device__ constexpr uint32_t tile_offset(int r, int c, int cols) {
-  return static_cast<uint32_t>(((r / 8) * (cols / 8) + c / 8) * 128 + (r % 8) * 16 + (c % 8) * 2);
+// (Unsigned arithmetic: indices are never negative, and signed / and % cost the kernel fix-ups.)
+__host__ __device__ constexpr uint32_t tile_offset(uint32_t r, uint32_t c, uint32_t cols) {
+  return ((r / 8) * (cols / 8) + c / 8) * 128 + (r % 8) * 16 + (c % 8) * 2;
 }
 __host__ __device__ constexpr uint32_t tile_stride_bytes(int cols) { return static_cast<uint32_t>(cols) * 16; }
 
 // Byte offset of element (token, column) of a [64 tokens][128] bf16 tile loaded by the copy engine
 // as two [64][64] boxes with the 128-byte swizzle (16-byte chunk j of row r at j ^ (r % 8)).
-__host__ __device__ constexpr uint32_t swizzled_offset(int tok, int col) {
-  return static_cast<uint32_t>((col / 64) * (kC * 128) + tok * 128 + (((col % 64) / 8) ^ (tok % 8)) * 16 + (col % 8) * 2);
+__host__ __device__ constexpr uint32_t swizzled_offset(uint32_t tok, uint32_t col) {
+  return (col / 64) * (kC * 128) + tok * 128 + (((col % 64) / 8) ^ (tok % 8)) * 16 + (col % 8) * 2;
 }
 constexpr uint32_t kSwizzledTileBytes = kC * kD * 2;
 constexpr uint32_t kBoxBytes = kSwizzledTileBytes / 2;

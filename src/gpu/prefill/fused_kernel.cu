@@ -173,7 +173,8 @@ __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& 
   }
   const int i0 = kBlock * L.warp + L.g, i1 = i0 + 8;
   float sq0 = 0.f, sq1 = 0.f, sk0 = 0.f, sk1 = 0.f;
-#pragma unroll
+  // Not unrolled further: ptxas would hoist the 64 addresses out of the chunk loop and spill them.
+#pragma unroll 2
   for (int kk = 0; kk < kChannelGroups; ++kk) {
     const int ch = 8 * kk + 2 * L.t;
     const uint32_t q0 = at<uint32_t>(R.in, kInQ + swizzled_offset(i0, ch)), q1 = at<uint32_t>(R.in, kInQ + swizzled_offset(i1, ch));
