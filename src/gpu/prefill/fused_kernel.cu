@@ -120,7 +120,7 @@ struct Regions {
   __device__ float* fw(uint32_t offset) const { return reinterpret_cast<float*>(small + offset); }
   // X_bj: the diagonal ones over L's, the others in the k tile (free once phase 3 is done).
   __device__ float* x(int b, int j) const { return reinterpret_cast<float*>((b == j ? lblk : in + kInK) + lower_block(b, j)); }
-  __device__ const float* l(int b, int j) const { return reinterpret_cast<const float*>(lblk + lower_block(b, j)); }
+  __device__ float* l(int b, int j) const { return reinterpret_cast<float*>(lblk + lower_block(b, j)); }
 };
 
 // The input barriers: q, k, g of stage s complete on qkg[s], v on v[s].
@@ -425,7 +425,7 @@ __device__ __forceinline__ void off_diagonal_block(const PrepWarp& L, const Regi
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[n][e] *= bb[e >> 1];
-    put_block(reinterpret_cast<float*>(R.lblk + lower_block(b, j)), L, acc, false, 1.f);
+    put_block(R.l(b, j), L, acc, false, 1.f);
   }
 }
 
