@@ -835,7 +835,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       FUSED_MARK(c, 1);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       Frag16 Ld = {}, Md = {};
-      const int part = L.part();
+      const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       step(p, it, c, M, R, bars, S);
@@ -846,9 +846,11 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
 #ifdef FLASHKDA_FUSED_TIMING
   if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && chunks > kTimedChunk) {
     const long long* m = g_fused_marks[threadIdx.x / 128];
-    const long long o = g_fused_marks[0][0];  // the prep warpgroup's loop top; the math ones' 2 is unset
-    printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld wait %lld scalars %lld pass %lld A %lld "
-           "diag/factors %lld B %lld tiles/offdiag/inverse %lld C %lld levels/W %lld C' %lld Wk+D %lld step %lld\n",
+    // From the prep warpgroup's loop top; each name is a phase's end or a barrier passed. Only the
+    // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
+    const long long o = g_fused_marks[0][0];
+    printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
+           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C' %lld D %lld step %lld\n",
            kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
            m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o);
   }
