@@ -2,7 +2,7 @@
 # One GPU iteration: build (or take prebuilt binaries), run the GPU test suite, the sanitizers on
 # a small varlen case with states, the main job and the benchmark. Logs and JSON go to $OUT.
 #
-#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring f16step chunk64
+#   scripts/gpu-check.sh [steps...]      steps: build tests sanitize run bench profile stalls python wgmma ab ring f16step chunk64 fusedtiming
 #                                        (default: build tests sanitize run bench python)
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PROFILE_DRAM=1  the profile step also reads each kernel's device-memory bytes (read, written)
@@ -20,6 +20,10 @@
 #                tf32 one on one chunk (a time a step at 132 and 264 blocks, both forms against fp64), to the summary
 #   chunk64 step (not a default one): tools/probes/chunk64_step_probe.cu, the state chain of a fused chunk-64
 #                design on fp16 wgmma (a time a 64-token step at CHUNK64_SHAPES="blocks:steps ...", fp64 check)
+#   fusedtiming step (not a default one): the fused prefill's phase times at FUSED_TIMING_CASES (default P4)
+#                from a CLI configured with -DFLASHKDA_FUSED_TIMING=ON (FUSED_TIMING_CLI; else
+#                $PREBUILT/timing/flashkda; else built here in build-gpu-timing), one chunk of block 0
+#                in clock64 cycles, to the summary
 #   BENCH_ARGS="--case P1,P7"  extra flags for `flashkda bench`; TEST_ARGS for the test binary
 #   ab step (not a default one): AB_VARIANTS="default FLASHKDA_STATE_PDL=0 FLASHKDA_SPLIT=0,FLASHKDA_PERSISTENT=1"
 #                AB_CASES=P1,P3,P9 AB_RUNS=2: each variant once a round (same binary, interleaved;
@@ -199,6 +203,21 @@ for step in $steps; do
       probe=$([ -n "${PREBUILT:-}" ] && echo "$PREBUILT/chunk64_step_probe" || echo "$BUILD/tools/probes/chunk64_step_probe")
       for shape in ${CHUNK64_SHAPES:-96:128 64:128 132:128 96:512}; do
         run_step "chunk64 step probe $shape" "$summary" 60 "$probe" "${shape%:*}" "${shape#*:}"
+      done
+      ;;
+    fusedtiming)  # the fused prefill's phase times: a flashkda CLI built with -DFLASHKDA_FUSED_TIMING=ON
+      # (FUSED_TIMING_CLI, $PREBUILT/timing/flashkda or one built here) prints block 0's stamps of one chunk a launch
+      cli=${FUSED_TIMING_CLI:-${PREBUILT:+$PREBUILT/timing/flashkda}}
+      if [ -z "$cli" ]; then  # not staged: configure and build one here (the CLI target only)
+        prefix=""
+        [ -d .deps/usr ] && prefix="-DCMAKE_PREFIX_PATH=$PWD/.deps/usr"
+        run_step "build (fused timing)" "$OUT/build.log" 600 bash -c "cmake -S . -B build-gpu-timing -G Ninja \
+          -DFLASHKDA_FUSED_TIMING=ON -DFLASHKDA_BUILD_TESTS=OFF $prefix && cmake --build build-gpu-timing --target flashkda_cli -j\$(nproc)"
+        cli=build-gpu-timing/tools/flashkda/flashkda
+      fi
+      for c in ${FUSED_TIMING_CASES:-P4}; do
+        FLASHKDA_FUSED=1 timeout 120 "$cli" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 2>&1 |
+          grep 'fused timing' | head -3 | sed "s/^/$c: /" | tee -a "$summary"
       done
       ;;
     f16step)  # tools/probes/f16_step_probe.cu: the fp16 step against the tf32 one, time and accuracy
