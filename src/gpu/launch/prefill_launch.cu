@@ -346,8 +346,9 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     plan.pass = PrefillPlan::Pass::kFused;
     if (const char* forced = std::getenv("FLASHKDA_FUSED_SPLIT")) {
       int a = 0, b = 0;
-      if (std::sscanf(forced, "%d:%d", &a, &b) != 2 || !(0 < a && a < b && b < 16))
-        fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected a:b with 0 < a < b < 16, got '", forced, "'");
+      if (std::sscanf(forced, "%d:%d", &a, &b) != 2 || !fused::valid_split(a, b))
+        fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected a:b with 0 < a < b < ", fused::kChannelGroups,
+             ", got '", forced, "'");
       plan.fused_split[0] = a, plan.fused_split[1] = b;
     }
     return plan;

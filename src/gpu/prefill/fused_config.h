@@ -29,6 +29,8 @@ constexpr int kMathRows = kD / (kMathThreads / 128);  // value rows a math warpg
 constexpr int kParts = kWarps / kBlocks;
 constexpr int kChannelGroups = kD / 8;
 static_assert(kParts * kBlocks == kWarps && kParts == 3, "three channel parts of four token blocks");
+// The split FusedParams::split may take: three parts, none empty.
+constexpr bool valid_split(int a, int b) { return 0 < a && a < b && b < kChannelGroups; }
 static_assert(kPrepThreads / 32 == kBlocks, "a prep warp a token block (norms, the inverse)");
 static_assert(kMathRows == 64, "a math warpgroup is one m64 wgmma tile of value rows");
 

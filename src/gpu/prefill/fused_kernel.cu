@@ -863,7 +863,7 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
   if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 (sequence, head) pairs");
-  if (!(0 < p.split[0] && p.split[0] < p.split[1] && p.split[1] < kChannelGroups))
+  if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
   raised.run("raising the fused prefill kernel's shared-memory limit", [] {
