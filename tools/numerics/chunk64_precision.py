@@ -12,7 +12,8 @@ Per chunk of C tokens (C = 64; 16 and 32 also work; a partial last chunk is zero
     e^80 in a diagonal block), x = k^ for L, scale q^ for M; operands rounded with `diag` /
     `offdiag` precision, fp32 accumulate.
  3. W = (I + L)^-1 Diag(beta) in fp32.   4. Wk = W Kt, WV = W V (W, Kt, V in `w`), or WV from
-    bf16 V and W split hi + lo in bf16 (wv=split), or with V in the state's row scale (wv=scaled).
+    bf16 V and W split hi + lo in bf16 (wv=split), or with V in the state's row scale (wv=scaled);
+    form=y instead: U = W (V - Kt S), Y = V - Kt S rounded with `y` (no Wk).
  5. X = Wk S, P = Qt S, U = WV - X, O = P + M U, S = Diag(D) S + Kr^T U with S, Wk, Qt, M|U, Kr,
     U rounded with `s`, `wk`, `qt`, `mu`, `kr`, `u`. fp16s: a power-of-two scale per state row v,
     renewed every chunk: max|S^_v| in [4, 8) before S is rounded, then max(|S^_v|, |U^_v|) in
@@ -60,6 +61,10 @@ VARIANTS = {
                                    wv="scaled"),  # the diagonal blocks' operands truncated to tf32, not rounded
     "f16-vscaled-diag-bf16": dict(ALL16, diag="bf16", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
                                   wv="scaled"),  # the diagonal blocks of L and M on bf16 operands
+    # U = W (V - Kt S) instead of W V - (W Kt) S: no Wk product in prep; Y^ = V^ - S^ Kt^T from fp16
+    # V^, S^, Kt with fp32 accumulation, rounded to fp16 as the A operand of Y^T W^T
+    "f16-yform": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
+                      wv="scaled", form="y", y="fp16"),
     "bf16-s-f16-rest": dict(ALL16, diag="tf32", offdiag="fp16", w="fp16", s="bf16", u="bf16"),
     "tf32-ref": dict(diag="tf32", offdiag="tf32", w="tf32", wv="plain", s="tf32", u="tf32",
                      wk="tf32", qt="tf32", kr="tf32", mu="tf32"),
@@ -128,7 +133,7 @@ def chunk64(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, var, C, R):
         W = np.linalg.inv(np.eye(C, dtype=f) + L).astype(f) * b[None, :]
         R.max_w = max(R.max_w, float(np.nan_to_num(np.abs(W), nan=np.inf).max()))
         Wr = R(var["w"], W, "w")
-        Wk = Wr @ R(var["w"], Kt, "kt")
+        Wk = None if var.get("form") == "y" else Wr @ R(var["w"], Kt, "kt")
         m = np.abs(ST).max(1)
         if var["wv"] == "scaled":  # V enters in the row scale too, so the scale also covers |V_v|
             m = np.maximum(m, np.abs(vv).max(0))
@@ -141,9 +146,13 @@ def chunk64(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, var, C, R):
         else:
             WVh = (Wr @ R(var["w"], vv, "v")) * s1[None, :]
         Sr = R(var["s"], ST * s1[:, None], "s")  # S^ = S 2^-e_v
-        X = Sr @ R(var["wk"], Wk, "wk").T  # X^, in the row scale
         P = (Sr @ R(var["qt"], Qt, "qt").T) / s1[:, None]
-        UT = WVh.T - X  # U^ (fp32)
+        if var.get("form") == "y":  # U^T = Y^T W^T, Y^T = V^T - S^ Kt^T
+            YT = R(var["w"], vv * s1[None, :], "v").T - Sr @ R(var["w"], Kt, "kt").T
+            UT = R(var["y"], YT, "y") @ Wr.T
+        else:
+            X = Sr @ R(var["wk"], Wk, "wk").T  # X^, in the row scale
+            UT = WVh.T - X  # U^ (fp32)
         if scaled:  # second rescale: max(|S^_v|, |U^_v|) in [4, 8) before U is rounded
             s2 = row_scale(np.maximum(np.abs(ST * s1[:, None]).max(1), np.abs(UT).max(1)))
             UT, s1 = UT * s2[:, None], s1 * s2
@@ -214,7 +223,7 @@ def main():
     if args.long_tokens:
         run(CASES[:2], ["f16-scaled", "bf16-s-f16-rest"], args.long_tokens, args.seed, args.chunk)
     print(f"\nnotes: maxW = max |W| entry; INF op=n: fp16 overflows; sub op=n(%): fp16 inputs below "
-          f"2^-14 (subnormal or zero; ops: offdiag, w, kt, v, s, wk, qt, mu, m, kr, u)\ntime {time.time() - t0:.1f} s")
+          f"2^-14 (subnormal or zero; ops: offdiag, w, kt, v, s, wk, qt, mu, m, kr, u, y)\ntime {time.time() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 // chunk's operands in shared memory and runs the state chain on them, so that nothing but q, k,
 // v, g, beta, the states and out crosses device memory. Its layouts, derived here once.
 //
-// Roles: all twelve warps prepare each chunk (gate, norms, the blocked L and M, the inverse, W Kt),
+// Roles: all twelve warps prepare each chunk (gate, norms, the blocked L and M, the inverse),
 // the work dealt over them; warpgroups 1 and 2 then run the chunk's step on wgmma, each owning 64
 // value rows of S^T, while warpgroup 0 (the prep warpgroup) starts the next chunk: its norms and
 // the first channel part of its elementwise pass. One operand stage suffices: nothing writes it
@@ -66,12 +66,11 @@ constexpr uint32_t kBlockTileBytes = kBlock * kBlock * 4;
 __host__ __device__ constexpr uint32_t lower_block(int a, int b) { return static_cast<uint32_t>(a * (a + 1) / 2 + b) * kBlockTileBytes; }
 static_assert(lower_block(kBlocks - 1, kBlocks - 1) + kBlockTileBytes <= kSwizzledTileBytes, "L or X blocks fit a tile");
 
-// The operand stage (prep -> step): the chunk's fp16 wgmma B tiles. Kt^T is prep's own (W Kt).
+// The operand stage (prep -> step): the chunk's fp16 wgmma B tiles.
 struct OpStage {
-  static constexpr uint32_t kWk = 0;                                    // W Kt [64 tokens][128 channels]
-  static constexpr uint32_t kQt = kWk + kC * kD * 2;                     // scale q^ e^G [64][128]
-  static constexpr uint32_t kKtT = kQt + kC * kD * 2;                    // (k^ e^G)^T [128][64]
-  static constexpr uint32_t kM = kKtT + kC * kD * 2;                     // M [64 i][64 j]
+  static constexpr uint32_t kKt = 0;                                    // k^ e^G [64 tokens][128 channels]
+  static constexpr uint32_t kQt = kKt + kC * kD * 2;                     // scale q^ e^G [64][128]
+  static constexpr uint32_t kM = kQt + kC * kD * 2;                      // M [64 i][64 j]
   static constexpr uint32_t kW = kM + kC * kC * 2;                       // W = (I + L)^-1 Diag(beta) [64 i][64 j]
   static constexpr uint32_t kBytes = kW + kC * kC * 2;
 };

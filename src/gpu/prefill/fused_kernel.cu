@@ -4,12 +4,16 @@
 // while warpgroup 0 (prep) starts the next chunk. Nothing goes through device memory but the
 // inputs, out and the states.
 //
-// The chunk form (docs/contract.md) with Wk = W Kt:
-//   U = W V - Wk S,   O = Qt S + M U,   S' = Diag(exp(G_C)) S + Kr^T U
+// The chunk form (docs/contract.md), with U's product order W (V - Kt S) so that prep forms no
+// W Kt (its own phase: ~19% of a chunk at f6606a9; tools/numerics/chunk64_precision.py, f16-yform:
+// the same error as the W V - (W Kt) S order):
+//   U = W (V - Kt S),   O = Qt S + M U,   S' = Diag(exp(G_C)) S + Kr^T U
 // and on the value rows v of S^T, with a power-of-two scale 2^e_v per row (S^ = S 2^-e_v, set
 // each chunk so that max(|S_v|, |V_v|) 2^-e_v lies in [4, 8): fp16 operands never overflow):
-//   U^T = V^T W^T - S^T Wk^T      one m64n64 accumulator: 4 + 8 wgmma (the second with A negated)
-//   P^T = S^T Qt^T                8 wgmma;  then P^T += U^T M^T, 4 wgmma: O^T = P^T 2^e_v
+//   Y^T = V^T - S^T Kt^T          m64n64, the accumulator set to V^T: 8 wgmma with A negated
+//   P^T = S^T Qt^T                8 wgmma, beside Y's
+//   U^T = Y^T W^T                 4 wgmma (Y^T rounded to fp16 as A: |Y^| <= 8 + 8 sqrt(128))
+//   P^T += U^T M^T                4 wgmma: O^T = P^T 2^e_v
 //   S^T = S^T D + U^T Kr          4 wgmma m64n128k16
 //
 // A chunk's prep, in phases between block-wide barriers (warp w: token block b = w % 4, channel
@@ -25,10 +29,9 @@
 //      e^(G_C - R_(b+1)), e^(R_b - R_(j+1))) from the block sums;
 //   3. the six off-diagonal blocks of L and M (fp16 mma, B side k^ e^(R_b - G_j) = the g products
 //      times e^(R_b - R_(j+1))), a block and matrix a warp; X_bb = (I + L_bb)^-1 by right-looking
-//      substitution (prep warpgroup) beside Kt^T (math warpgroups);
+//      substitution (prep warpgroup) beside Kt (math warpgroups);
 //   4. (prep warpgroup) the blocks below the diagonal by levels (X_bj = -X_bb sum_m L_bm X_mj on
-//      tf32 mma), then W = X Diag(beta) in fp16; beside it Qt and Kr^T (math warpgroups);
-//   5. Wk = W Kt (fp16 mma), dealt over the twelve warps by (row-block pair, channel group).
+//      tf32 mma), then W = X Diag(beta) in fp16; beside it Qt and Kr^T (math warpgroups).
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
@@ -72,7 +75,7 @@ __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile
 // of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk and
 // prints the stamps at the end: where a chunk's time goes, without a profiler.
 #ifdef FLASHKDA_FUSED_TIMING
-constexpr int kTimedChunk = 20, kMarks = 12;
+constexpr int kTimedChunk = 20, kMarks = 11;
 __device__ long long g_fused_marks[3][kMarks];
 #define FUSED_MARK(c, i)                                                                          \
   do {                                                                                            \
@@ -347,7 +350,7 @@ __device__ __forceinline__ void factor_table(const Regions& R, int c) {
   R.fw(Small::kDecay)[c] = ptx::exp2_ftz(S[kBlocks]);
 }
 
-// Kt^T (kKt; phase 3, from the k products) or Qt and Kr^T (phase 4, from the q and g products, while
+// Kt (kKt; phase 3, from the k products) or Qt and Kr^T (phase 4, from the q and g products, while
 // the k tile holds X) of token block b over channel groups [kk0, kk1).
 template <bool kKt>
 __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int b, int kk0, int kk1) {
@@ -363,8 +366,7 @@ __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& 
       const int tok = tok0 + 8 * h;
       if constexpr (kKt) {
         const float2 ka = unpack_f16x2(at<uint32_t>(R.in, kInK + swizzled_offset(tok, c)));
-        at<__half>(R.op, OpStage::kKtT + tile_offset(c, tok, kC)) = __float2half_rn(ka.x * e.x);
-        at<__half>(R.op, OpStage::kKtT + tile_offset(c + 1, tok, kC)) = __float2half_rn(ka.y * e.y);
+        at<uint32_t>(R.op, OpStage::kKt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(ka.x * e.x, ka.y * e.y);
       } else {
         const float2 er = *reinterpret_cast<const float2*>(eKr + c);
         const float2 qa = unpack_f16x2(at<uint32_t>(R.in, kInQ + swizzled_offset(tok, c)));
@@ -498,36 +500,7 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
   }
 }
 
-// Phase 5: Wk = W Kt on fp16 mma. Units (row-block pair {0, 3} or {1, 2}, channel group n): five
-// k-tiles of 16 tokens each, 32 units dealt to the warps in turn (three or two a warp).
-__device__ __forceinline__ void wk_units(const PrepWarp& L, const Regions& R) {
-  constexpr int kUnits = 2 * kChannelGroups;
-  const int g = L.g, t = L.t;
-  for (int u = L.warp; u < kUnits; u += kWarps) {
-    const int pair = u / kChannelGroups, n = u % kChannelGroups;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int b = k == 0 ? pair : kBlocks - 1 - pair;
-      float acc[4] = {};
-      for (int jb = 0; jb <= b; ++jb) {
-        uint32_t a[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          a[r] = at<uint32_t>(R.op, OpStage::kW + tile_offset(kBlock * b + g + 8 * (r & 1), kBlock * jb + 8 * (r >> 1) + 2 * t, kC));
-        const int ch = 8 * n + g;  // B column g: channel; k = tokens 16 jb + 2t (+ 8)
-        const uint32_t b0 = at<uint32_t>(R.op, OpStage::kKtT + tile_offset(ch, kBlock * jb + 2 * t, kC));
-        const uint32_t b1 = at<uint32_t>(R.op, OpStage::kKtT + tile_offset(ch, kBlock * jb + 8 + 2 * t, kC));
-        ptx::mma_f16_16816(acc, a, b0, b1);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        at<uint32_t>(R.op, OpStage::kWk + tile_offset(kBlock * b + g + 8 * h, 8 * n + 2 * t, kD)) =
-            ptx::pack_f16x2(acc[2 * h], acc[2 * h + 1]);
-    }
-  }
-}
-
-// Phases 2 to 5 of chunk c, by every thread of the block after its part of the elementwise pass
+// Phases 2 to 4 of chunk c, by every thread of the block after its part of the elementwise pass
 // (kPrep: the prep warpgroup's instance). Returns with the operand stage and Kr^T complete and
 // visible to wgmma.
 template <bool kPrep>
@@ -565,13 +538,10 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   if constexpr (kPrep) invert_below_and_w(L, R);
   else operand_tiles<false>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
   FUSED_MARK(c, 8);
-  __syncthreads();  // W
-  FUSED_MARK(c, 9);
-  wk_units(L, R);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
   __syncthreads();
-  FUSED_MARK(c, 10);
+  FUSED_MARK(c, 9);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -682,17 +652,21 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
     S.e_row[h] = e_new;
     scale_v[h] = pow2(-S.e_row[h]);
   }
-  uint32_t va[4][4];
+  // Y^T's accumulator starts at V^T 2^-e_row: element (row h, token 8 j + 2t + e) is D entry
+  // 4 j + 2 h + e, with j = 2 ks + (r >> 1) and h = r & 1 for vraw[ks][r].
+  float y[32];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
-      va[ks][r] = ptx::pack_f16x2(bf16_lo(vraw[ks][r]) * scale_v[r & 1], bf16_hi(vraw[ks][r]) * scale_v[r & 1]);
+    for (int r = 0; r < 4; ++r) {
+      const int e0 = 4 * (2 * ks + (r >> 1)) + 2 * (r & 1);
+      y[e0] = bf16_lo(vraw[ks][r]) * scale_v[r & 1], y[e0 + 1] = bf16_hi(vraw[ks][r]) * scale_v[r & 1];
+    }
   uint32_t sa[8][4];
   ptx::f16_a_from_d<8>(s, sa);
 
   uint8_t* op = R.op;
-  const uint64_t d_wk = ptx::smem_matrix_desc(op + OpStage::kWk, 128, tile_stride_bytes(kD));
+  const uint64_t d_kt = ptx::smem_matrix_desc(op + OpStage::kKt, 128, tile_stride_bytes(kD));
   const uint64_t d_qt = ptx::smem_matrix_desc(op + OpStage::kQt, 128, tile_stride_bytes(kD));
   const uint64_t d_kr = ptx::smem_matrix_desc(R.krt, 128, tile_stride_bytes(kC));
   const uint64_t d_m = ptx::smem_matrix_desc(op + OpStage::kM, 128, tile_stride_bytes(kC));
@@ -700,17 +674,25 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   float u[32], pacc[32];
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
-  ptx::fence_operands(va);
+  ptx::fence_operands(y);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(u, va[ks], ptx::smem_matrix_desc_advance(d_w, 256 * ks), ks > 0);
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(u, sa[ks], ptx::smem_matrix_desc_advance(d_wk, 256 * ks), true, true);
+  for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(y, sa[ks], ptx::smem_matrix_desc_advance(d_kt, 256 * ks), true, true);
   ptx::wgmma_commit();
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
   ptx::wgmma_commit();
   ptx::wgmma_wait<1>();
+  ptx::fence_operands(y);
+
+  uint32_t ya[4][4];
+  ptx::f16_a_from_d<4>(y, ya);
+  ptx::fence_operands(ya);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(u, ya[ks], ptx::smem_matrix_desc_advance(d_w, 256 * ks), ks > 0);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
   ptx::fence_operands(u);
 
   uint32_t ua[4][4];
@@ -839,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       step(p, it, c, M, R, bars, S);
-      FUSED_MARK(c, 11);
+      FUSED_MARK(c, 10);
     }
     store_state(p, it, M, S);
   }
@@ -850,9 +832,9 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
     const long long o = g_fused_marks[0][0];
     printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
-           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C' %lld D %lld step %lld\n",
+           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld\n",
            kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
-           m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o);
+           m[7] - o, m[8] - o, m[9] - o, m[10] - o);
   }
 #endif
 }
