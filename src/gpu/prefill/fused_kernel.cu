@@ -43,6 +43,7 @@
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
 #include "gpu/ptx/mma.cuh"
+#include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/wgmma_f16.cuh"
 
 namespace flashkda::gpu {
@@ -162,7 +163,9 @@ struct PrepWarp {
 };
 
 // Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens and 1 / ||q||, 1 / ||k|| of
-// block `warp`'s (a lane its two tokens' 32 channels, then the quad).
+// block `warp`'s tokens: the diagonals of X_b X_b^T on bf16 mma, fp32 sums (a 16-channel slice's
+// A fragment, rows = tokens, is also the B fragment of both n-tiles: 16 mma and 8 ldmatrix a
+// tensor where the lanes' own sums of squares took ~500 instructions a warp).
 __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& it, int c, const PrepWarp& L, const Regions& R) {
   const int count = it.count(c);
   const int tid = 32 * L.warp + L.lane;
@@ -174,27 +177,28 @@ __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& 
     }
     R.fw(Small::kBeta)[tid] = b;
   }
-  const int i0 = kBlock * L.warp + L.g, i1 = i0 + 8;
-  float sq0 = 0.f, sq1 = 0.f, sk0 = 0.f, sk1 = 0.f;
-  // Not unrolled further: ptxas would hoist the 64 addresses out of the chunk loop and spill them.
+  // ldmatrix rows: lane 8 m + i gives token i + 8 (m & 1), channels 8 (m >> 1) .. of the slice.
+  const int m = L.lane / 8;
+  const uint32_t row = kBlock * L.warp + L.lane % 8 + 8 * (m & 1);
+  float dq[2][4] = {}, dk[2][4] = {};  // [n-tile = token half][C entry]
+  // By two: fully unrolled, ptxas keeps the eight offsets across the chunk loop (spills).
 #pragma unroll 2
-  for (int kk = 0; kk < kChannelGroups; ++kk) {
-    const int ch = 8 * kk + 2 * L.t;
-    const uint32_t q0 = at<uint32_t>(R.in, kInQ + swizzled_offset(i0, ch)), q1 = at<uint32_t>(R.in, kInQ + swizzled_offset(i1, ch));
-    const uint32_t k0 = at<uint32_t>(R.in, kInK + swizzled_offset(i0, ch)), k1 = at<uint32_t>(R.in, kInK + swizzled_offset(i1, ch));
-    sq0 = fmaf(bf16_lo(q0), bf16_lo(q0), fmaf(bf16_hi(q0), bf16_hi(q0), sq0));
-    sq1 = fmaf(bf16_lo(q1), bf16_lo(q1), fmaf(bf16_hi(q1), bf16_hi(q1), sq1));
-    sk0 = fmaf(bf16_lo(k0), bf16_lo(k0), fmaf(bf16_hi(k0), bf16_hi(k0), sk0));
-    sk1 = fmaf(bf16_lo(k1), bf16_lo(k1), fmaf(bf16_hi(k1), bf16_hi(k1), sk1));
+  for (int kt = 0; kt < kD / 16; ++kt) {
+    const uint32_t off = swizzled_offset(row, 16 * kt + 8 * (m >> 1));
+    uint32_t a[4];
+    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + off), a);
+    ptx::mma_bf16_16816(dq[0], a, a[0], a[2]), ptx::mma_bf16_16816(dq[1], a, a[1], a[3]);
+    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + off), a);
+    ptx::mma_bf16_16816(dk[0], a, a[0], a[2]), ptx::mma_bf16_16816(dk[1], a, a[1], a[3]);
   }
-#pragma unroll
-  for (int m = 1; m <= 2; m <<= 1) {
-    sq0 += __shfl_xor_sync(0xffffffffu, sq0, m), sq1 += __shfl_xor_sync(0xffffffffu, sq1, m);
-    sk0 += __shfl_xor_sync(0xffffffffu, sk0, m), sk1 += __shfl_xor_sync(0xffffffffu, sk1, m);
-  }
-  if (L.t == 0) {  // q^'s scale folded in; padding tokens are zeroed where their products are formed
-    R.fw(Small::kRq)[i0] = p.scale * rsqrtf(sq0 + 1e-6f), R.fw(Small::kRq)[i1] = p.scale * rsqrtf(sq1 + 1e-6f);
-    R.fw(Small::kRk)[i0] = rsqrtf(sk0 + 1e-6f), R.fw(Small::kRk)[i1] = rsqrtf(sk1 + 1e-6f);
+  // Entry (i, i) of n-tile h is held by lane (g = i % 8, t = g / 2): C entry 2 h + g % 2.
+  if (L.t == L.g / 2) {  // q^'s scale folded in; padding tokens are zeroed where their products are formed
+    const bool odd = L.g & 1;
+    const int i0 = kBlock * L.warp + L.g, i1 = i0 + 8;
+    R.fw(Small::kRq)[i0] = p.scale * rsqrtf((odd ? dq[0][1] : dq[0][0]) + 1e-6f);
+    R.fw(Small::kRq)[i1] = p.scale * rsqrtf((odd ? dq[1][3] : dq[1][2]) + 1e-6f);
+    R.fw(Small::kRk)[i0] = rsqrtf((odd ? dk[0][1] : dk[0][0]) + 1e-6f);
+    R.fw(Small::kRk)[i1] = rsqrtf((odd ? dk[1][3] : dk[1][2]) + 1e-6f);
   }
 }
 
@@ -607,29 +611,29 @@ __device__ __forceinline__ void store_state(const FusedParams& p, const Item& it
 // writes the out rows over V, then to device memory.
 __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars,
                                      StateRows& S) {
-  const int t = L.t, g = L.g;
+  const int t = L.t;
   const int count = it.count(c);
   float (&s)[64] = S.s;
   ptx::mbarrier_wait_parity(&bars.v[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
 
-  // V^T's fragments (rows v, k = tokens; bf16 pairs as loaded, zero past the chunk's tokens) from
-  // this warpgroup's box, then each row's new scale, then the fragments in fp16 at that scale.
-  // Fragment element: token 16 ks + 8 (r >> 1) + 2t + e, value row 16 warp + g + 8 (r & 1);
-  // swizzled_offset of it is the offset of rows 2t + e of a group of 8 plus 128 (16 ks + 8 (r >> 1)).
+  // V^T's pairs (rows v, tokens; bf16 as loaded, zero past the chunk's tokens) from this
+  // warpgroup's box by ldmatrix.trans: vraw[ks][r] holds value row 16 warp + g + 8 (r & 1), tokens
+  // 16 ks + 8 (r >> 1) + 2t, + 1 (the rows of matrix r: tokens 16 ks + 8 (r >> 1) + i, 8 values).
   uint8_t* vbox = R.in + kInV + L.wg * kBoxBytes;
   uint32_t vraw[4][4];
   float vmax[2] = {0.f, 0.f};
+  {
+    const int m = L.lane / 8;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      ptx::ldmatrix_x4_trans(ptx::smem_addr(vbox + swizzled_offset(16 * ks + 8 * (m >> 1) + L.lane % 8, 16 * L.warp + 8 * (m & 1))), vraw[ks]);
+  }
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int tok = 16 * ks + 8 * (r >> 1) + 2 * t;
-      uint32_t pair = 0;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const uint32_t raw = at<uint16_t>(vbox, swizzled_offset(2 * t + e, 16 * L.warp + g + 8 * (r & 1)) + 128 * (16 * ks + 8 * (r >> 1)));
-        pair |= (tok + e < count ? raw : 0u) << (16 * e);
-      }
+      const uint32_t pair = vraw[ks][r] & (tok + 1 < count ? 0xffffffffu : tok < count ? 0x0000ffffu : 0u);
       vraw[ks][r] = pair;
       vmax[r & 1] = fmaxf(vmax[r & 1], fmaxf(fabsf(bf16_lo(pair)), fabsf(bf16_hi(pair))));
     }
