@@ -7,7 +7,8 @@
 #   PROFILE_CASES="P1 P9"  cases whose kernel times ncu measures in the profile step
 #   PROFILE_DRAM=1  the profile step also reads each kernel's device-memory bytes (read, written)
 #   stalls step (not a default one): STALL_CASE=P9 STALL_KERNEL=state_persistent_kernel, the SASS
-#                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py);
+#                instructions where that kernel's warps stall most (scripts/ncu_top_stalls.py) and
+#                the samples by code segment between barriers (scripts/ncu_stall_segments.py);
 #                STALLS="P1:prep_kernel P1:state_kernel" several (case:kernel regex) at once;
 #                STALL_SAVE=1 also writes each source page to $OUT/stalls-CASE-KERNEL.csv.gz
 #                STALL_DETAILS=1 adds the speed-of-light, compute-workload and scheduler sections (pipes, issue) to the summary
@@ -236,6 +237,7 @@ for step in $steps; do
         # STALL_DETAILS=1: the pipes' utilization and the schedulers' issue rates as well
         [ "${STALL_DETAILS:-0}" = 1 ] && ncu --import /tmp/stalls.ncu-rep --page details --print-details all 2>&1 | sed "s/^/details $c: /" >>"$summary"
         python3 scripts/ncu_top_stalls.py /tmp/stalls-source.csv 40 | sed "s/^/stalls $c: /" >>"$summary"
+        python3 scripts/ncu_stall_segments.py /tmp/stalls-source.csv 0.5 | sed "s/^/segments $c: /" >>"$summary"
         # STALL_SAVE=1: the whole source page (executed counts and stalls of every instruction) to $OUT
         [ "${STALL_SAVE:-0}" = 1 ] && gzip -c /tmp/stalls-source.csv >"$OUT/stalls-$c-$k.csv.gz"
       done
