@@ -102,12 +102,17 @@ struct Small {
 };
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
+// Z = L_BA X_AA: the four blocks (2 + i / 2, i % 2) of the inverse's middle level (halves A, B of
+// 32 tokens; fused_kernel.cu, invert_below_and_w), fp32 [16][16] each.
+constexpr uint32_t kZBlocksBytes = 4 * kBlockTileBytes;
+static_assert(kBlocks == 4, "the inverse by halves of two blocks");
 
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
 constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
 constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;
-constexpr uint32_t kSmemSmall = kSmemL + kLBlocksBytes;
+constexpr uint32_t kSmemZ = kSmemL + kLBlocksBytes;
+constexpr uint32_t kSmemSmall = kSmemZ + kZBlocksBytes;
 constexpr uint32_t kSmemBytes = kSmemSmall + Small::kBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits one block a multiprocessor");
 

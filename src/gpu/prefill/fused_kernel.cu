@@ -119,12 +119,14 @@ struct Regions {
   uint8_t* op;     // the operand stage
   uint8_t* krt;    // Kr^T; the parts' partial diagonal products before it
   uint8_t* lblk;   // L's blocks; X_bb over L_bb
+  uint8_t* zblk;   // Z = L_BA X_AA
   uint8_t* small;
   __device__ const float* f(uint32_t offset) const { return reinterpret_cast<const float*>(small + offset); }
   __device__ float* fw(uint32_t offset) const { return reinterpret_cast<float*>(small + offset); }
   // X_bj: the diagonal ones over L's, the others in the k tile (free once phase 3 is done).
   __device__ float* x(int b, int j) const { return reinterpret_cast<float*>((b == j ? lblk : in + kInK) + lower_block(b, j)); }
   __device__ float* l(int b, int j) const { return reinterpret_cast<float*>(lblk + lower_block(b, j)); }
+  __device__ float* z(int b, int j) const { return reinterpret_cast<float*>(zblk + ((b - 2) * 2 + j) * kBlockTileBytes); }
 };
 
 // The input barriers: q, k, g of stage s complete on qkg[s], v on v[s].
@@ -455,10 +457,18 @@ __device__ __forceinline__ void invert_diagonal(const PrepWarp& L, const Regions
   }
 }
 
-// Phase 4 (prep warpgroup, warp b): the blocks X_bj, j < b, by levels (X_bj = -X_bb sum_{m = j}^{b - 1}
-// L_bm X_mj for j = b - level, each level after the last), then W's rows of block b in fp16.
+// Phase 4 (prep warpgroup): the blocks of X below the diagonal, by halves A (blocks 0, 1) and B
+// (2, 3): X_BA = -X_BB L_BA X_AA. Three dependent levels of at most two tf32 products a warp
+// (block levels took three of up to four, the last warp doing nine products in a row):
+//   1. X_10 = -X_11 L_10 X_00 (warp 1), X_32 = -X_33 L_32 X_22 (warp 3); warps 0 and 2 write W's
+//      diagonal blocks meanwhile;
+//   2. Z = L_BA X_AA, warp w block (2 + w / 2, w % 2): Z_b0 = L_b0 X_00 + L_b1 X_10, Z_b1 = L_b1 X_11;
+//   3. X_bj = -(X_b2 Z_2j + [b = 3] X_33 Z_3j), same blocks.
+// Each warp writes W = X Diag(beta) (fp16) for the blocks it computed, from registers; W's blocks
+// above the diagonal are zero from the start.
 __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regions& R) {
-  const int b = L.warp, g = L.g, t = L.t;
+  const int w = L.warp, g = L.g, t = L.t;
+  const float* beta = R.f(Small::kBeta);
   auto a_frag = [&](const float* blk, int kt, uint32_t (&a)[4]) {  // rows g, g + 8; k-slots t, t + 4 of k-tile kt
     a[0] = __float_as_uint(blk[g * kBlock + 8 * kt + t]), a[1] = __float_as_uint(blk[(g + 8) * kBlock + 8 * kt + t]);
     a[2] = __float_as_uint(blk[g * kBlock + 8 * kt + t + 4]), a[3] = __float_as_uint(blk[(g + 8) * kBlock + 8 * kt + t + 4]);
@@ -473,35 +483,50 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
         ptx::mma_tf32_1688(c[n], a, B[(8 * kt + t) * kBlock + 8 * n + g], B[(8 * kt + t + 4) * kBlock + 8 * n + g]);
     }
   };
-  for (int level = 1; level < kBlocks; ++level) {
-    if (level > 1) named_sync(kPrepBarrier, kPrepThreads);  // the previous level's blocks written
-    const int j = b - level;
-    if (j >= 0) {
-      Frag16 y = {};
-      for (int m = j; m < b; ++m) product(R.l(b, m), R.x(m, j), y);
-      // y into X_bj's place (fp32 [16][16]) as the B operand of X_bb y; then the result over it.
-      put_block(R.x(b, j), L, y, false, 1.f);
-      __syncwarp();
-      Frag16 x = {};
-      product(R.x(b, b), R.x(b, j), x);
-      __syncwarp();
-      put_block(R.x(b, j), L, x, false, -1.f);
+  auto put_w = [&](const Frag16& x, int b, int j, float sign) {  // W_bj = sign X_bj Diag(beta_j)
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h, col = 8 * n + 2 * t;
+        const float b0 = sign * beta[kBlock * j + col], b1 = sign * beta[kBlock * j + col + 1];
+        at<uint32_t>(R.op, OpStage::kW + tile_offset(kBlock * b + row, kBlock * j + col, kC)) =
+            ptx::pack_f16x2(x[n][2 * h] * b0, x[n][2 * h + 1] * b1);
+      }
+  };
+  if (w & 1) {  // level 1
+    const int b = w, j = w - 1;
+    Frag16 y = {};
+    product(R.l(b, j), R.x(j, j), y);
+    put_block(R.x(b, j), L, y, false, 1.f);  // as the B operand of X_bb y
+    __syncwarp();
+    Frag16 x = {};
+    product(R.x(b, b), R.x(b, j), x);
+    __syncwarp();
+    put_block(R.x(b, j), L, x, false, -1.f);
+    put_w(x, b, j, -1.f);
+  } else {
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {  // W_bb for b = w, w + 1
+      const int b = w + d;
+      const float* X = R.x(b, b);
+      Frag16 x;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[n][e] = X[(g + 8 * (e >> 1)) * kBlock + 8 * n + 2 * t + (e & 1)];
+      put_w(x, b, b, 1.f);
     }
   }
-  __syncwarp();
-  // W = X Diag(beta) (fp16), row block b, zeros right of the diagonal block.
-  const float* beta = R.f(Small::kBeta);
-#pragma unroll
-  for (int jb = 0; jb < kBlocks; ++jb) {
-    const float* X = R.x(b, jb <= b ? jb : b);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int row = g + 8 * (r & 1), col = 8 * (r >> 1) + 2 * t;
-      const float b0 = beta[kBlock * jb + col], b1 = beta[kBlock * jb + col + 1];
-      const float x0 = jb <= b ? X[row * kBlock + col] * b0 : 0.f, x1 = jb <= b ? X[row * kBlock + col + 1] * b1 : 0.f;
-      at<uint32_t>(R.op, OpStage::kW + tile_offset(kBlock * b + row, kBlock * jb + col, kC)) = ptx::pack_f16x2(x0, x1);
-    }
-  }
+  named_sync(kPrepBarrier, kPrepThreads);  // X_10, X_32
+  const int b = 2 + w / 2, j = w % 2;
+  Frag16 z = {};
+  for (int m = j; m < 2; ++m) product(R.l(b, m), R.x(m, j), z);
+  put_block(R.z(b, j), L, z, false, 1.f);
+  named_sync(kPrepBarrier, kPrepThreads);  // Z
+  Frag16 x = {};
+  for (int m = 2; m <= b; ++m) product(R.x(b, m), R.z(m, j), x);
+  put_w(x, b, j, -1.f);
 }
 
 // Phases 2 to 4 of chunk c, by every thread of the block after its part of the elementwise pass
@@ -765,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   uint64_t* barriers = reinterpret_cast<uint64_t*>(small + Small::kBarriers);
   const InBarriers bars{barriers, barriers + kInStages};
   auto regions = [&](int c) {
-    return Regions{in_stages + InCursor::of_fill(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, small};
+    return Regions{in_stages + InCursor::of_fill(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
   };
 
   Item it;
@@ -783,10 +808,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     if (chunks > 0) load_v(p, it, 0, in_stages, bars);
   }
   if (threadIdx.x < kD) reinterpret_cast<float*>(small + Small::kDtBias)[threadIdx.x] = p.dt_bias[it.head * kD + threadIdx.x];
-  // M's blocks above the diagonal: zero once (nothing writes them).
+  // M's and W's blocks above the diagonal: zero once (nothing writes them).
   for (int i = static_cast<int>(threadIdx.x); i < kC * kC / 2; i += kThreads) {
     const int r = i / (kC / 2), col = 2 * (i % (kC / 2));
-    if (col / kBlock > r / kBlock) at<uint32_t>(smem + kSmemOp, OpStage::kM + tile_offset(r, col, kC)) = 0u;
+    if (col / kBlock > r / kBlock) {
+      at<uint32_t>(smem + kSmemOp, OpStage::kM + tile_offset(r, col, kC)) = 0u;
+      at<uint32_t>(smem + kSmemOp, OpStage::kW + tile_offset(r, col, kC)) = 0u;
+    }
   }
   __syncthreads();
 
