@@ -162,6 +162,13 @@ struct PrepWarp {
     const int tid = static_cast<int>(threadIdx.x);
     return {tid / 32, tid % 32, (tid % 32) / 4, tid % 4};
   }
+  // The same values, opaque to the compiler: formed at the top of each chunk, they keep ptxas from
+  // hoisting the addresses derived from them out of the chunk loop (where they were spilled).
+  __device__ PrepWarp laundered() const {
+    PrepWarp L = *this;
+    asm volatile("" : "+r"(L.warp), "+r"(L.lane), "+r"(L.g), "+r"(L.t));
+    return L;
+  }
 };
 
 // Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens and 1 / ||q||, 1 / ||k|| of
@@ -818,12 +825,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   }
   __syncthreads();
 
-  const PrepWarp L = PrepWarp::of_thread();
+  const PrepWarp L0 = PrepWarp::of_thread();
   const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
   if (threadIdx.x < kPrepThreads) {
     set_max_registers_dec<kPrepRegs>();
     for (int c = 0; c < chunks; ++c) {
       const Regions R = regions(c);
+      const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       FUSED_MARK(c, 1);
@@ -844,6 +852,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     load_state(p, it, M, S);
     for (int c = 0; c < chunks; ++c) {
       const Regions R = regions(c);
+      const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
       named_sync(kInputsBarrier, kThreads);  // beta and the norms of chunk c
       FUSED_MARK(c, 1);
