@@ -393,8 +393,9 @@ __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& 
 }
 
 // Phase 3: one off-diagonal block, L_bj (warps 0 .. 5) or M_bj (6 .. 11), j < b: fp16 m16n8k16,
-// A = block b's k or q products (lane pairs 2t and 8 + 2t of k-tile kt: channels 16 kt + 2t,
-// 16 kt + 8 + 2t), B = block j's g products times e^(R_b - R_(j+1)) per channel.
+// A = block b's k or q products, B = block j's g products times e^(R_b - R_(j+1)) per channel,
+// both by ldmatrix from the swizzled tiles (rows = tokens: a token-major slab is the A fragment and,
+// with the n-tiles as matrix pairs, the B fragment).
 __device__ __forceinline__ void off_diagonal_block(const PrepWarp& L, const Regions& R) {
   constexpr int kPairs = 6;
   static_assert(2 * kPairs == kWarps, "a block of L or M a warp");
@@ -404,33 +405,35 @@ __device__ __forceinline__ void off_diagonal_block(const PrepWarp& L, const Regi
   // time would live in local memory.
   const int b = pair < 3 ? pair + 1 : pair < 5 ? pair - 1 : 3;
   const int j = pair < 3 ? pair : pair == 4 ? 1 : 0;
-  const int g = L.g, t = L.t;
   const float* gap = b - j == 1 ? nullptr : R.f(Small::kEGap) + (b == 2 ? 0 : j == 1 ? 1 : 2) * kD;  // e^(R_b - R_(j+1))
   const uint32_t a_tile = is_m ? kInQ : kInK;
-  const int r0 = kBlock * b + g, r1 = r0 + 8;
+  // ldmatrix rows, lane 8 m + i: A matrix m = (tokens 16 b + 8 (m & 1) + i, channels 8 (m >> 1) of
+  // the k-tile): a[0..3]; B matrix m = (tokens 16 j + 8 (m >> 1) + i, channels 8 (m & 1)): n-tile
+  // m >> 1, k half m & 1.
+  const int m = L.lane / 8, i = L.lane % 8;
+  const uint32_t a_row = kBlock * b + 8 * (m & 1) + i, a_col = 8 * (m >> 1);
+  const uint32_t b_row = kBlock * j + 8 * (m >> 1) + i, b_col = 8 * (m & 1);
   Frag16 acc = {};
 #pragma unroll 2
   for (int kt = 0; kt < 8; ++kt) {
-    uint32_t a[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = at<uint32_t>(R.in, a_tile + swizzled_offset((r & 1) ? r1 : r0, 16 * kt + 8 * (r >> 1) + 2 * t));
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {  // B column g of n-tile n: token 16 j + 8 n + g of block j
-      uint32_t bf[2];
+    uint32_t a[4], bq[4];
+    ptx::ldmatrix_x4(ptx::smem_addr(R.in + a_tile + swizzled_offset(a_row, 16 * kt + a_col)), a);
+    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + swizzled_offset(b_row, 16 * kt + b_col)), bq);
+    if (gap) {  // adjacent blocks: e^0
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int c = 16 * kt + 8 * hh + 2 * t;
-        const uint32_t x = at<uint32_t>(R.in, kInG + swizzled_offset(kBlock * j + 8 * n + g, c));
-        if (gap) {
-          const float2 d = *reinterpret_cast<const float2*>(gap + c), y = unpack_f16x2(x);
-          bf[hh] = ptx::pack_f16x2(y.x * d.x, y.y * d.y);
-        } else {
-          bf[hh] = x;  // adjacent blocks: e^0
+        const float2 d = *reinterpret_cast<const float2*>(gap + 16 * kt + 8 * hh + 2 * L.t);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const float2 y = unpack_f16x2(bq[2 * n + hh]);
+          bq[2 * n + hh] = ptx::pack_f16x2(y.x * d.x, y.y * d.y);
         }
       }
-      ptx::mma_f16_16816(acc[n], a, bf[0], bf[1]);
     }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) ptx::mma_f16_16816(acc[n], a, bq[2 * n], bq[2 * n + 1]);
   }
+  const int r0 = kBlock * b + L.g, r1 = r0 + 8;
   if (is_m) {
     put_m(R.op, L, acc, b, j, false);
   } else {
@@ -839,7 +842,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       FUSED_MARK(c, 2);
       named_arrive(kInputsBarrier, kThreads);
       Frag16 Ld = {}, Md = {};
-      elementwise_pass<1>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
+      elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
       // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
       if (threadIdx.x == 0 && c + kInStages < chunks) load_qkg(p, it, c + kInStages, in_stages, bars);
