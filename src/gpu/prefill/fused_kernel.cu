@@ -364,30 +364,42 @@ __device__ __forceinline__ void factor_table(const Regions& R, int c) {
 }
 
 // Kt (kKt; phase 3, from the k products) or Qt and Kr^T (phase 4, from the q and g products, while
-// the k tile holds X) of token block b over channel groups [kk0, kk1).
+// the k tile holds X) of token block b over channel groups [kk0, kk1) (kk0 even), a 16-channel slab
+// at a time: ldmatrix from the swizzled tile, the per-channel factors, stmatrix into the wgmma
+// tile (Kr^T transposed). Matrix m of a slab: tokens 16 b + 8 (m & 1) + i, channels 8 (m >> 1) + ..
 template <bool kKt>
 __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int b, int kk0, int kk1) {
   const float* eR = R.f(Small::kER) + b * kD;
   const float* eKr = R.f(Small::kEKr) + b * kD;
-  const int tok0 = kBlock * b + L.g;
-#pragma unroll 2
-  for (int kk = kk0; kk < kk1; ++kk) {
-    const int c = 8 * kk + 2 * L.t;
-    const float2 e = *reinterpret_cast<const float2*>(eR + c);
+  const int m = L.lane / 8, i = L.lane % 8;
+  const uint32_t tok = kBlock * b + 8 * (m & 1) + i;  // the row this lane addresses
+  auto scale = [](uint32_t (&r)[4], const float* f, int c) {  // r[m] *= f at channels c + 8 (m >> 1) + 2t, + 1
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int tok = tok0 + 8 * h;
-      if constexpr (kKt) {
-        const float2 ka = unpack_f16x2(at<uint32_t>(R.in, kInK + swizzled_offset(tok, c)));
-        at<uint32_t>(R.op, OpStage::kKt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(ka.x * e.x, ka.y * e.y);
-      } else {
-        const float2 er = *reinterpret_cast<const float2*>(eKr + c);
-        const float2 qa = unpack_f16x2(at<uint32_t>(R.in, kInQ + swizzled_offset(tok, c)));
-        const float2 kr = unpack_f16x2(at<uint32_t>(R.in, kInG + swizzled_offset(tok, c)));
-        at<uint32_t>(R.op, OpStage::kQt + tile_offset(tok, c, kD)) = ptx::pack_f16x2(qa.x * e.x, qa.y * e.y);
-        at<__half>(R.krt, tile_offset(c, tok, kC)) = __float2half_rn(kr.x * er.x);
-        at<__half>(R.krt, tile_offset(c + 1, tok, kC)) = __float2half_rn(kr.y * er.y);
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 e = *reinterpret_cast<const float2*>(f + c + 8 * hh);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 y = unpack_f16x2(r[2 * hh + h]);
+        r[2 * hh + h] = ptx::pack_f16x2(y.x * e.x, y.y * e.y);
       }
+    }
+  };
+#pragma unroll 2
+  for (int kt = kk0 / 2; kt < kk1 / 2; ++kt) {
+    const uint32_t col = 16 * kt + 8 * (m >> 1);
+    uint32_t r[4];
+    if constexpr (kKt) {
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + swizzled_offset(tok, col)), r);
+      scale(r, eR, 16 * kt + 2 * L.t);
+      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kKt + tile_offset(tok, col, kD)), r);
+    } else {
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + swizzled_offset(tok, col)), r);
+      scale(r, eR, 16 * kt + 2 * L.t);
+      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kQt + tile_offset(tok, col, kD)), r);
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + swizzled_offset(tok, col)), r);
+      scale(r, eKr, 16 * kt + 2 * L.t);
+      // Transposed: column i of matrix m (channel col + i) as 8 tokens from 16 b + 8 (m & 1).
+      ptx::stmatrix_x4_trans(ptx::smem_addr(R.krt + tile_offset(col + i, kBlock * b + 8 * (m & 1), kC)), r);
     }
   }
 }

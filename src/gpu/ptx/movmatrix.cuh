@@ -27,6 +27,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t row_addr, const uint3
                : "memory");
 }
 
+// Stores four 8x8 16-bit matrices: matrix m is register r[m] of every lane in C-fragment order,
+// and its row i lands as 16 bytes at the address lane 8 m + i gives.
+__device__ __forceinline__ void stmatrix_x4(uint32_t row_addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Loads four 8x8 16-bit matrices: lane 8 m + i gives the address of row i of matrix m (16 bytes),
 // and register r[m] of lane (g, t) receives row g, columns 2t, 2t + 1 of matrix m (C-fragment
 // order: the four of an m16k16 tile in the order a[0..3] of mma_f16_16816 are its A fragment).
