@@ -606,6 +606,11 @@ __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cas
 struct MathLane {
   int wg, warp, lane, g, t;  // wg: 0 or 1 (value rows 64 wg ..)
   __device__ int row(int h) const { return kMathRows * wg + 16 * warp + g + 8 * h; }
+  __device__ MathLane laundered() const {  // as PrepWarp::laundered
+    MathLane L = *this;
+    asm volatile("" : "+r"(L.wg), "+r"(L.warp), "+r"(L.lane), "+r"(L.g), "+r"(L.t));
+    return L;
+  }
 };
 
 // S^T rows row(0), row(1) of one math thread; columns 8 j + 2t, + 1 (j < 16): an m64n128 D
@@ -733,6 +738,13 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
   ptx::wgmma_commit();
+  // S^T D meanwhile (the groups in flight read S^T's fp16 copy, not s).
+  const float* decay = R.f(Small::kDecay);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
+    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+  }
   ptx::wgmma_wait<1>();
   ptx::fence_operands(y);
 
@@ -748,19 +760,14 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
-  const float* decay = R.f(Small::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
   ptx::fence_operands(s);
   ptx::fence_operands(ua);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<128>(s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks), true);
-#pragma unroll
   for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(pacc, ua[ks], ptx::smem_matrix_desc_advance(d_m, 256 * ks), true);
+  ptx::wgmma_commit();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<128>(s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks), true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
@@ -876,10 +883,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
-      step(p, it, c, M, R, bars, S);
+      step(p, it, c, M.laundered(), R, bars, S);
       FUSED_MARK(c, 10);
     }
-    store_state(p, it, M, S);
+    store_state(p, it, M.laundered(), S);
   }
 #ifdef FLASHKDA_FUSED_TIMING
   if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && chunks > kTimedChunk) {
