@@ -66,11 +66,16 @@ __device__ __forceinline__ void set_max_registers_dec() { asm volatile("setmaxnr
 template <int N>
 __device__ __forceinline__ void set_max_registers_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// Named barriers: 0 is __syncthreads (the phases of a chunk's prep). The prep warpgroup arrives on
-// kInputsBarrier once a chunk's beta and norms are in; the math warpgroups wait there.
-constexpr int kInputsBarrier = 1, kPrepBarrier = 2, kMathBarrier = 3;  // kMathBarrier + wg: a math warpgroup
-__device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+// Named barriers. kPhaseBarrier (all threads) separates the phases of a chunk's prep; the prep
+// warpgroup arrives on kInputsBarrier once a chunk's beta and norms are in, and the math warpgroups
+// wait there. kPrepBarrier: the prep warpgroup's own; kMathBarrier + wg: a math warpgroup's.
+constexpr int kPhaseBarrier = 1, kInputsBarrier = 2, kPrepBarrier = 3, kMathBarrier = 4;
+// The non-aligned forms: the roles reach kPhaseBarrier and kInputsBarrier from different code
+// (prep_rest<true> and <false>), and __syncthreads, bar.sync and bar.arrive (barrier.*.aligned)
+// require every thread to execute the same barrier instruction (synccheck reported the
+// divergence). ptxas adds a converged fast path to each; measured ~1-2% on P1.
+__device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 
 // FLASHKDA_FUSED_TIMING (cmake -DFLASHKDA_FUSED_TIMING=ON, a diagnostic build): the first thread
 // of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk and
@@ -565,7 +570,7 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
     }
   }
   FUSED_MARK(c, 3);
-  __syncthreads();  // the elementwise pass; the math warpgroups past chunk c - 1's step
+  named_sync(kPhaseBarrier, kThreads);  // the elementwise pass; the math warpgroups past chunk c - 1's step
   FUSED_MARK(c, 4);
   if constexpr (kPrep) {
     // Chunk c + 1's v into the stage chunk c - 1's step has left.
@@ -575,7 +580,7 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
     if (L.part() == 1) factor_table(R, static_cast<int>(threadIdx.x) - kPrepThreads);
   }
   FUSED_MARK(c, 5);
-  __syncthreads();  // the factors, the diagonal blocks; the partials read (Kr^T's place free)
+  named_sync(kPhaseBarrier, kThreads);  // the factors, the diagonal blocks; the partials read (Kr^T's place free)
   FUSED_MARK(c, 6);
   // Phases 3 and 4: the prep warpgroup inverts (X_bb, then the levels) while the math warpgroups
   // write the operand tiles, a token block and half of the channel groups a warp.
@@ -585,13 +590,13 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   else operand_tiles<true>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
   off_diagonal_block(L, R);
   FUSED_MARK(c, 7);
-  __syncthreads();  // L's blocks, X_bb; the k products read (the k tile free for X)
+  named_sync(kPhaseBarrier, kThreads);  // L's blocks, X_bb; the k products read (the k tile free for X)
   if constexpr (kPrep) invert_below_and_w(L, R);
   else operand_tiles<false>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
   FUSED_MARK(c, 8);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
-  __syncthreads();
+  named_sync(kPhaseBarrier, kThreads);
   FUSED_MARK(c, 9);
 }
 
@@ -738,13 +743,6 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
   ptx::wgmma_commit();
-  // S^T D meanwhile (the groups in flight read S^T's fp16 copy, not s).
-  const float* decay = R.f(Small::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
   ptx::wgmma_wait<1>();
   ptx::fence_operands(y);
 
@@ -760,6 +758,12 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
+  const float* decay = R.f(Small::kDecay);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
+    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+  }
   ptx::fence_operands(s);
   ptx::fence_operands(ua);
   ptx::wgmma_fence();
