@@ -9,31 +9,21 @@ samples and their share, the warp-level instructions executed in it, samples per
 instructions (how long an instruction waits there), its three largest stall
 reasons and its most frequent opcodes (executed counts), to tell which phase a segment is.
 """
-import csv
+import os
 import sys
 from collections import Counter
 
-
-def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_top_stalls import SourcePage, number  # noqa: E402
 
 
 def main():
     path = sys.argv[1]
     min_share = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
-    rows = list(csv.reader(open(path, errors="replace")))
-    header_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    head, data = rows[header_at], [r for r in rows[header_at + 1:] if len(r) > 3]
-    samples = head.index("Warp Stall Sampling (All Samples)")
-    executed = head.index("Instructions Executed")
-    reasons = [i for i, c in enumerate(head) if c.startswith("stall_") and "(Not Issued)" not in c]
-    base = int(data[0][0], 16)
-    total = sum(number(r[samples]) for r in data) or 1.0
+    page = SourcePage(path)
+    head, samples, executed, total = page.head, page.samples, page.executed, page.total
     segments, current = [], []
-    for r in data:
+    for r in page.data:
         current.append(r)
         opcode = r[1].strip().split()[0] if r[1].strip() else ""
         if opcode.startswith("@"):
@@ -43,7 +33,7 @@ def main():
             current = []
     if current:
         segments.append(current)
-    print(f"{total:.0f} stall samples, {len(data)} instructions, {len(segments)} segments")
+    print(f"{total:.0f} stall samples, {len(page.data)} instructions, {len(segments)} segments")
     for seg in segments:
         s = sum(number(r[samples]) for r in seg)
         if 100 * s / total < min_share:
@@ -52,7 +42,7 @@ def main():
         why = Counter()
         ops = Counter()
         for r in seg:
-            for i in reasons:
+            for i in page.reasons:
                 why[head[i][len("stall_"):]] += number(r[i])
             words = r[1].strip().split()
             if words:
@@ -60,7 +50,7 @@ def main():
                 ops[op.split(".")[0]] += number(r[executed])
         top = ", ".join(f"{k} {100 * v / max(s, 1):.0f}%" for k, v in why.most_common(3) if v > 0)
         opstr = " ".join(f"{k}:{v:.0f}" for k, v in ops.most_common(6))
-        print(f"+{int(seg[0][0], 16) - base:#07x}..+{int(seg[-1][0], 16) - base:#07x}  {s:7.0f} {100 * s / total:5.1f}%  "
+        print(f"+{int(seg[0][0], 16) - page.base:#07x}..+{int(seg[-1][0], 16) - page.base:#07x}  {s:7.0f} {100 * s / total:5.1f}%  "
               f"x{ex:<9.0f} {1000 * s / max(ex, 1):6.2f}/Kinstr | {top} | {opstr} | ends {seg[-1][1].strip()[:40]}")
 
 

@@ -21,17 +21,28 @@ def number(text):
         return 0.0
 
 
+class SourcePage:
+    """ncu's source page as CSV: the header row, one row per SASS instruction, and the columns
+    of the stall samples, the executed counts and each stall reason (shared with
+    ncu_stall_segments.py)."""
+
+    def __init__(self, path):
+        rows = list(csv.reader(open(path, errors="replace")))
+        header_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+        self.head, self.data = rows[header_at], [r for r in rows[header_at + 1:] if len(r) > 3]
+        self.samples = self.head.index("Warp Stall Sampling (All Samples)")
+        self.executed = self.head.index("Instructions Executed")
+        self.reasons = [i for i, c in enumerate(self.head) if c.startswith("stall_") and "(Not Issued)" not in c]
+        self.base = int(self.data[0][0], 16)
+        self.total = sum(number(r[self.samples]) for r in self.data) or 1.0
+
+
 def main():
     path = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 30
-    rows = list(csv.reader(open(path, errors="replace")))
-    header_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    head, data = rows[header_at], [r for r in rows[header_at + 1:] if len(r) > 3]
-    samples = head.index("Warp Stall Sampling (All Samples)")
-    executed = head.index("Instructions Executed")
-    reasons = [i for i, c in enumerate(head) if c.startswith("stall_") and "(Not Issued)" not in c]
-    base = int(data[0][0], 16)
-    total = sum(number(r[samples]) for r in data) or 1.0
+    page = SourcePage(path)
+    head, data, samples, executed = page.head, page.data, page.samples, page.executed
+    reasons, base, total = page.reasons, page.base, page.total
     print(f"{total:.0f} stall samples over {len(data)} instructions")
     for r in sorted(data, key=lambda r: -number(r[samples]))[:count]:
         top = sorted(((number(r[i]), head[i][len("stall_"):]) for i in reasons), reverse=True)[:3]
