@@ -30,8 +30,8 @@
 //   3. the six off-diagonal blocks of L and M (fp16 mma, B side k^ e^(R_b - G_j) = the g products
 //      times e^(R_b - R_(j+1))), a block and matrix a warp; X_bb = (I + L_bb)^-1 by right-looking
 //      substitution (prep warpgroup) beside Kt (math warpgroups);
-//   4. (prep warpgroup) the blocks below the diagonal by levels (X_bj = -X_bb sum_m L_bm X_mj on
-//      tf32 mma), then W = X Diag(beta) in fp16; beside it Qt and Kr^T (math warpgroups).
+//   4. (prep warpgroup) the blocks below the diagonal by halves (X_BA = -X_BB L_BA X_AA, three
+//      levels of tf32 mma) and W = X Diag(beta) in fp16; beside it Qt and Kr^T (math warpgroups).
 #include <cuda_runtime.h>
 
 #include "common/fail.h"
