@@ -98,6 +98,11 @@ __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x 
 __device__ __forceinline__ float2 unpack_f16x2(uint32_t x) {
   return __half22float2(*reinterpret_cast<const __half2*>(&x));
 }
+// An fp16 pair times per-channel factors, in fp32, rounded back to fp16.
+__device__ __forceinline__ uint32_t scaled_f16x2(uint32_t x, float2 f) {
+  const float2 y = unpack_f16x2(x);
+  return ptx::pack_f16x2(y.x * f.x, y.y * f.y);
+}
 template <typename T>
 __device__ __forceinline__ T& at(uint8_t* base, uint32_t offset) {
   return *reinterpret_cast<T*>(base + offset);
@@ -383,10 +388,7 @@ __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& 
     for (int hh = 0; hh < 2; ++hh) {
       const float2 e = *reinterpret_cast<const float2*>(f + c + 8 * hh);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float2 y = unpack_f16x2(r[2 * hh + h]);
-        r[2 * hh + h] = ptx::pack_f16x2(y.x * e.x, y.y * e.y);
-      }
+      for (int h = 0; h < 2; ++h) r[2 * hh + h] = scaled_f16x2(r[2 * hh + h], e);
     }
   };
 #pragma unroll 2
@@ -441,10 +443,7 @@ __device__ __forceinline__ void off_diagonal_block(const PrepWarp& L, const Regi
       for (int hh = 0; hh < 2; ++hh) {
         const float2 d = *reinterpret_cast<const float2*>(gap + 16 * kt + 8 * hh + 2 * L.t);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const float2 y = unpack_f16x2(bq[2 * n + hh]);
-          bq[2 * n + hh] = ptx::pack_f16x2(y.x * d.x, y.y * d.y);
-        }
+        for (int n = 0; n < 2; ++n) bq[2 * n + hh] = scaled_f16x2(bq[2 * n + hh], d);
       }
     }
 #pragma unroll
