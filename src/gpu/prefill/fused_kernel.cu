@@ -181,43 +181,51 @@ struct PrepWarp {
   }
 };
 
-// Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens and 1 / ||q||, 1 / ||k|| of
-// block `warp`'s tokens: the diagonals of X_b X_b^T on bf16 mma, fp32 sums (a 16-channel slice's
-// A fragment, rows = tokens, is also the B fragment of both n-tiles: 16 mma and 8 ldmatrix a
-// tensor where the lanes' own sums of squares took ~500 instructions a warp).
-__device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& it, int c, const PrepWarp& L, const Regions& R) {
+// Phase 0's beta: the bf16 bits of token `tid` of chunk c (0 past the chunk's tokens), loaded a
+// chunk ahead of their use so that the device-memory latency hides behind a chunk's prep. The
+// bits stay raw until chunk_scalars: a conversion here would wait for the load at once.
+// `head_beta`: the item's first token's beta (a sequence lies in one batch row of the view, so
+// its tokens follow at p.beta.token elements each; no division a load).
+__device__ __forceinline__ uint32_t beta_bits(const FusedParams& p, const Item& it, const uint16_t* head_beta, int c, int tid) {
+  if (c >= it.chunks() || tid >= it.count(c)) return 0u;
+  return head_beta[(int64_t{kC} * c + tid) * p.beta.token];
+}
+
+// Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens (`beta` from beta_bits, a chunk
+// ahead) and scale / ||q||, 1 / ||k||. Thread (token tid / 2, box tid % 2) sums the squares of
+// its token's 64 channels in that box from 16-byte loads on the FMA pipe, the boxes' sums joined
+// by one shuffle: as bf16 mma the norms queued behind the step's wgmma on the tensor pipe (a
+// third of this phase's samples were "math" stalls at 78771e9).
+__device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& it, int c, uint32_t beta, const PrepWarp& L, const Regions& R) {
   const int count = it.count(c);
-  const int tid = 32 * L.warp + L.lane;
-  if (tid < kC) {
-    float b = 0.f;
-    if (tid < count) {
-      const float x = __uint_as_float(uint32_t{*p.beta.row(it.bos + int64_t{kC} * c + tid, it.head)} << 16);
-      b = ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * x));
+  const uint32_t tid = 32 * L.warp + L.lane;
+  if (tid < kC) R.fw(Small::kBeta)[tid] = tid < static_cast<uint32_t>(count) ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * __uint_as_float(beta << 16))) : 0.f;
+  const uint32_t tok = tid / 2, box = tid % 2;
+  // The 16-byte chunks in the order (j ^ tok ^ 4 box) % 8: a quarter warp (tokens 4i .. 4i + 3,
+  // both boxes) reads eight different bank groups each load.
+  const uint32_t row = box * kBoxBytes + tok * 128;
+  float sq[2][4] = {};  // [q, k][partial sums]
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t off = row + ((j ^ tok ^ (4 * box)) % 8) * 16;
+    const uint4 q = at<uint4>(R.in, kInQ + off), k = at<uint4>(R.in, kInK + off);
+    const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, kw[4] = {k.x, k.y, k.z, k.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      sq[0][w] = fmaf(bf16_lo(qw[w]), bf16_lo(qw[w]), sq[0][w]), sq[0][w] = fmaf(bf16_hi(qw[w]), bf16_hi(qw[w]), sq[0][w]);
+      sq[1][w] = fmaf(bf16_lo(kw[w]), bf16_lo(kw[w]), sq[1][w]), sq[1][w] = fmaf(bf16_hi(kw[w]), bf16_hi(kw[w]), sq[1][w]);
     }
-    R.fw(Small::kBeta)[tid] = b;
   }
-  // ldmatrix rows: lane 8 m + i gives token i + 8 (m & 1), channels 8 (m >> 1) .. of the slice.
-  const int m = L.lane / 8;
-  const uint32_t row = kBlock * L.warp + L.lane % 8 + 8 * (m & 1);
-  float dq[2][4] = {}, dk[2][4] = {};  // [n-tile = token half][C entry]
-  // By two: fully unrolled, ptxas keeps the eight offsets across the chunk loop (spills).
-#pragma unroll 2
-  for (int kt = 0; kt < kD / 16; ++kt) {
-    const uint32_t off = swizzled_offset(row, 16 * kt + 8 * (m >> 1));
-    uint32_t a[4];
-    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + off), a);
-    ptx::mma_bf16_16816(dq[0], a, a[0], a[2]), ptx::mma_bf16_16816(dq[1], a, a[1], a[3]);
-    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + off), a);
-    ptx::mma_bf16_16816(dk[0], a, a[0], a[2]), ptx::mma_bf16_16816(dk[1], a, a[1], a[3]);
+  float n[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    n[x] = (sq[x][0] + sq[x][1]) + (sq[x][2] + sq[x][3]);
+    n[x] += __shfl_xor_sync(0xffffffffu, n[x], 1);
   }
-  // Entry (i, i) of n-tile h is held by lane (g = i % 8, t = g / 2): C entry 2 h + g % 2.
-  if (L.t == L.g / 2) {  // q^'s scale folded in; padding tokens are zeroed where their products are formed
-    const bool odd = L.g & 1;
-    const int i0 = kBlock * L.warp + L.g, i1 = i0 + 8;
-    R.fw(Small::kRq)[i0] = p.scale * rsqrtf((odd ? dq[0][1] : dq[0][0]) + 1e-6f);
-    R.fw(Small::kRq)[i1] = p.scale * rsqrtf((odd ? dq[1][3] : dq[1][2]) + 1e-6f);
-    R.fw(Small::kRk)[i0] = rsqrtf((odd ? dk[0][1] : dk[0][0]) + 1e-6f);
-    R.fw(Small::kRk)[i1] = rsqrtf((odd ? dk[1][3] : dk[1][2]) + 1e-6f);
+  // q^'s scale folded in; padding tokens are zeroed where their products are formed
+  if (box == 0) {
+    R.fw(Small::kRq)[tok] = p.scale * rsqrtf(n[0] + 1e-6f);
+    R.fw(Small::kRk)[tok] = rsqrtf(n[1] + 1e-6f);
   }
 }
 
@@ -757,6 +765,12 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
+  ptx::fence_operands(ua);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(pacc, ua[ks], ptx::smem_matrix_desc_advance(d_m, 256 * ks), true);
+  ptx::wgmma_commit();
+  // The decay while M U runs (S^T is none of its operands), then the update.
   const float* decay = R.f(Small::kDecay);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -764,11 +778,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
     s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
   }
   ptx::fence_operands(s);
-  ptx::fence_operands(ua);
   ptx::wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(pacc, ua[ks], ptx::smem_matrix_desc_advance(d_m, 256 * ks), true);
-  ptx::wgmma_commit();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<128>(s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks), true);
   ptx::wgmma_commit();
@@ -854,15 +864,18 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
   if (threadIdx.x < kPrepThreads) {
     set_max_registers_dec<kPrepRegs>();
+    const uint16_t* head_beta = it.len > 0 ? p.beta.row(it.bos, it.head) : nullptr;
+    uint32_t beta = beta_bits(p, it, head_beta, 0, threadIdx.x);
     for (int c = 0; c < chunks; ++c) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       FUSED_MARK(c, 1);
-      chunk_scalars(p, it, c, L, R);
+      chunk_scalars(p, it, c, beta, L, R);
       FUSED_MARK(c, 2);
       named_arrive(kInputsBarrier, kThreads);
+      beta = beta_bits(p, it, head_beta, c + 1, threadIdx.x);
       Frag16 Ld = {}, Md = {};
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
