@@ -81,7 +81,7 @@ __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile
 // of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk and
 // prints the stamps at the end: where a chunk's time goes, without a profiler.
 #ifdef FLASHKDA_FUSED_TIMING
-constexpr int kTimedChunk = 20, kMarks = 11;
+constexpr int kTimedChunk = 20, kMarks = 15;
 __device__ long long g_fused_marks[3][kMarks];
 #define FUSED_MARK(c, i)                                                                          \
   do {                                                                                            \
@@ -564,8 +564,8 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
 }
 
 // Phases 2 to 4 of chunk c, by every thread of the block after its part of the elementwise pass
-// (kPrep: the prep warpgroup's instance). Returns with the operand stage and Kr^T complete and
-// visible to wgmma.
+// (kPrep: the prep warpgroup's instance). Returns with this thread's part of the operand stage and
+// Kr^T written and fenced for wgmma; operands_ready() waits for the others'.
 template <bool kPrep>
 __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, int c, const PrepWarp& L, const Regions& R, uint8_t* in_stages,
                                           const InBarriers& bars, Frag16& Ld, Frag16& Md) {
@@ -603,6 +603,9 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   FUSED_MARK(c, 8);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
+}
+// The barrier after phase 4: the operand stage and Kr^T complete and visible to wgmma.
+__device__ __forceinline__ void operands_ready(int c) {
   named_sync(kPhaseBarrier, kThreads);
   FUSED_MARK(c, 9);
 }
@@ -671,10 +674,21 @@ __device__ __forceinline__ void store_state(const FusedParams& p, const Item& it
   }
 }
 
-// Chunk c's step: reads the operand stage, Kr^T and V (this warpgroup's box of the input stage),
-// writes the out rows over V, then to device memory.
-__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars,
-                                     StateRows& S) {
+// Chunk c's step, in two parts (step_operands, step): reads the operand stage, Kr^T and V (this
+// warpgroup's box of the input stage), writes the out rows over V, then to device memory.
+
+// The step's operands from registers: S^T and Y^T's accumulator (V^T), rescaled.
+struct StepOperands {
+  uint32_t sa[8][4];  // S^T 2^-e_row in fp16, A fragments of its 8 k-slices
+  float y[32];        // V^T 2^-e_row: Y^T's accumulator
+};
+
+// The step's first part: V^T from its box, the rows' new scales, S^T rescaled and its fp16 A
+// fragments. It reads nothing that chunk c's phases write (S^T is chunk c - 1's, V came by the
+// copy engine), so the math warpgroups run it before the last phase barrier, where they would
+// otherwise wait for the prep warpgroup's levels.
+__device__ __forceinline__ void step_operands(const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars, StateRows& S,
+                                              StepOperands& o) {
   const int t = L.t;
   const int count = it.count(c);
   float (&s)[64] = S.s;
@@ -722,17 +736,26 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   }
   // Y^T's accumulator starts at V^T 2^-e_row: element (row h, token 8 j + 2t + e) is D entry
   // 4 j + 2 h + e, with j = 2 ks + (r >> 1) and h = r & 1 for vraw[ks][r].
-  float y[32];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int e0 = 4 * (2 * ks + (r >> 1)) + 2 * (r & 1);
-      y[e0] = bf16_lo(vraw[ks][r]) * scale_v[r & 1], y[e0 + 1] = bf16_hi(vraw[ks][r]) * scale_v[r & 1];
+      o.y[e0] = bf16_lo(vraw[ks][r]) * scale_v[r & 1], o.y[e0 + 1] = bf16_hi(vraw[ks][r]) * scale_v[r & 1];
     }
-  uint32_t sa[8][4];
-  ptx::f16_a_from_d<8>(s, sa);
+  ptx::f16_a_from_d<8>(s, o.sa);
+}
 
+// The rest of chunk c's step, after the operand stage is complete: writes the out rows over V,
+// then to device memory.
+__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, StateRows& S,
+                                     StepOperands& o) {
+  const int t = L.t;
+  const int count = it.count(c);
+  float (&s)[64] = S.s;
+  float (&y)[32] = o.y;
+  uint32_t (&sa)[8][4] = o.sa;
+  uint8_t* vbox = R.in + kInV + L.wg * kBoxBytes;
   uint8_t* op = R.op;
   const uint64_t d_kt = ptx::smem_matrix_desc(op + OpStage::kKt, 128, tile_stride_bytes(kD));
   const uint64_t d_qt = ptx::smem_matrix_desc(op + OpStage::kQt, 128, tile_stride_bytes(kD));
@@ -740,6 +763,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   const uint64_t d_m = ptx::smem_matrix_desc(op + OpStage::kM, 128, tile_stride_bytes(kC));
   const uint64_t d_w = ptx::smem_matrix_desc(op + OpStage::kW, 128, tile_stride_bytes(kC));
   float u[32], pacc[32];
+  FUSED_MARK(c, 11);
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
   ptx::fence_operands(y);
@@ -752,6 +776,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::wgmma_commit();
   ptx::wgmma_wait<1>();
   ptx::fence_operands(y);
+  FUSED_MARK(c, 12);
 
   uint32_t ya[4][4];
   ptx::f16_a_from_d<4>(y, ya);
@@ -762,6 +787,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(u);
+  FUSED_MARK(c, 13);
 
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
@@ -785,6 +811,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
   ptx::fence_operands(pacc);
+  FUSED_MARK(c, 14);
 
   // out rows: O^T = P^T 2^e_row into this warpgroup's V box (read above) by stmatrix.trans (the
   // warp's 16 value rows x 16 tokens a store: token rows of 8 + 8 values), then 16-byte stores.
@@ -879,6 +906,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       Frag16 Ld = {}, Md = {};
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
+      operands_ready(c);
       // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
       if (threadIdx.x == 0 && c + kInStages < chunks) load_qkg(p, it, c + kInStages, in_stages, bars);
     }
@@ -899,7 +927,11 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
       elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
-      step(p, it, c, M.laundered(), R, bars, S);
+      const MathLane ML = M.laundered();
+      StepOperands o;
+      step_operands(it, c, ML, R, bars, S, o);
+      operands_ready(c);
+      step(p, it, c, ML, R, S, o);
       FUSED_MARK(c, 10);
     }
     store_state(p, it, M.laundered(), S);
@@ -911,9 +943,9 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
     const long long o = g_fused_marks[0][0];
     printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
-           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld\n",
+           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
            kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
-           m[7] - o, m[8] - o, m[9] - o, m[10] - o);
+           m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
   }
 #endif
 }
