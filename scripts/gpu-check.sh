@@ -180,7 +180,7 @@ for step in $steps; do
         metrics=gpu__time_duration.sum
         [ -n "${PROFILE_DRAM:-}" ] && metrics+=,dram__bytes_read.sum,dram__bytes_write.sum
         run_step "ncu $c" "$OUT/profile.log" 120 ncu --clock-control none --csv --metrics "$metrics" \
-          -k regex:"(prep|state|stitch)_([a-z]+_)?kernel" --log-file "$OUT/ncu-$c.csv" \
+          -k regex:"(prep|state|stitch|fused_prefill)_([a-z]+_)?kernel" --log-file "$OUT/ncu-$c.csv" \
           "$CLI_BIN" bench --case "$c" --iters 2 --warmup 1 --oracle-heads 0 --json /tmp/ncu-bench.json
         python3 scripts/kernel_times.py "$c" "$OUT/ncu-$c.csv" | tee -a "$summary"
         rm -f "$OUT/ncu-$c.csv"

@@ -21,7 +21,7 @@ def main():
         if metric not in ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum"):
             continue
         name = row["Kernel Name"]
-        m = re.search(r"((?:prep|prep_tail|state_persistent|state_wgmma|state|stitch|stitch_rows|stitch_chain)_kernel)\b(<[^>]*>)?", name)
+        m = re.search(r"((?:prep|prep_tail|state_persistent|state_wgmma|state|stitch|stitch_rows|stitch_chain|fused_prefill)_kernel)\b(<[^>]*>)?", name)
         name = (m.group(1) + (m.group(2) or "")) if m else name[:40]
         value = float(row["Metric Value"].replace(",", "")) * units.get(row.get("Metric Unit", ""), 1.0)
         if metric == "gpu__time_duration.sum":
@@ -32,7 +32,8 @@ def main():
             traffic.setdefault((name, metric.split("_")[-1].split(".")[0]), []).append(value)
     # Per forward call: prep runs once a call; kernels launched several times a call (the split
     # pass's stitches) are summed over the call.
-    calls = sum(len(v) for k, v in times.items() if k.startswith("prep_kernel")) or 1
+    # (The fused prefill is one kernel a call.)
+    calls = sum(len(v) for k, v in times.items() if k.startswith(("prep_kernel", "fused_prefill_kernel"))) or 1
     def part(k, v):
         text = f"{k} {statistics.median(v):.1f} us (x{len(v)}; {sum(v) / calls:.1f} us a call"
         moved = [f"DRAM {d} {statistics.median(traffic[(k, d)]):.0f} MB" for d in ("read", "write") if (k, d) in traffic]

@@ -39,7 +39,7 @@ struct PrefillPlan {
     kPersistent,  // a block per multiprocessor taking (sequence, head) items (state_persistent_kernel.cu)
     kSplit,       // one long sequence cut in S segments, then stitched (stitch_kernel.cu)
     kWgmma,       // experimental, FLASHKDA_STATE_WGMMA=1 only: per item on wgmma (state_wgmma_kernel.cu)
-    kFused,       // experimental, FLASHKDA_FUSED=1 only: prep and chain in one chunk-64 kernel (fused_kernel.cu)
+    kFused,       // prep and chain in one chunk-64 kernel, a block a (sequence, head) (fused_kernel.cu)
   };
   Pass pass = Pass::kPerItem;
   int value_slices = 8, key_parts = 1;  // state-pass layout (StateConfig in prefill/kernels.h)
@@ -62,6 +62,7 @@ struct PrefillPlan {
   // kFused: the elementwise pass's channel groups (of 16) taken by the prep warpgroup beside the
   // step, then by the first math warpgroup's end (FusedParams::split; FLASHKDA_FUSED_SPLIT=a:b).
   int fused_split[2] = {6, 11};
+  bool fused_longest_first = false;  // kFused: blocks take the sequences longest first (FusedParams)
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
   // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms

@@ -72,7 +72,36 @@ TEST(PrefillPlan, OneSequenceManyHeadsRunsEightByOneBesideAPrepTail) {  // P1
   EXPECT_GE(p.workspace_bytes(), p.record_bytes + p.tail_bytes);
 }
 
-TEST(PrefillPlan, SeveralSequencesManyHeadsRunThePersistentPass) {  // P2, P3, P5, P6, P9
+// Sequences of 1024 tokens or more on average, on items for three quarters of the
+// multiprocessors or more: the fused prefill, longest sequences first, no workspace.
+TEST(PrefillPlan, LongSequencesOnManyItemsRunTheFusedPrefill) {  // P2, P3, P5, P6
+  for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+           {kUneven, 96}, {std::vector<int64_t>(8, 1024), 96}, {kUneven, 64}, {std::vector<int64_t>(8, 1024), 64}}) {
+    SCOPED_TRACE(std::to_string(lens.size()) + " sequences x " + std::to_string(heads) + " heads");
+    const PrefillPlan p = plan(lens, heads);
+    EXPECT_EQ(p.pass, Pass::kFused);
+    EXPECT_TRUE(p.fused_longest_first);
+    EXPECT_EQ(p.workspace_bytes(), 0u);
+  }
+  // Not where it lost or was even: P1 (96 items on 132), P4 and P10 (64), P7, P8, P11 (4 to 8),
+  // P9 (128 tokens a sequence); nor where it lacks a feature (the two-kernel path, no refusal).
+  for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+           {{8192}, 96}, {{8192}, 64}, {std::vector<int64_t>(4, 16384), 16}, {{32768}, 8}, {{65536}, 4},
+           {{131072}, 8}, {std::vector<int64_t>(64, 128), 32}}) {
+    SCOPED_TRACE(std::to_string(lens.size()) + " sequences x " + std::to_string(heads) + " heads");
+    EXPECT_NE(plan(lens, heads).pass, Pass::kFused);
+  }
+  Problem softplus = shapes(std::vector<int64_t>(8, 1024), 96);
+  softplus.gate = Gate::kSoftplus;
+  EXPECT_EQ(gpu::plan_prefill(softplus, kH200Multiprocessors).pass, Pass::kPersistent);
+  Problem pools = shapes(std::vector<int64_t>(8, 1024), 96);
+  pools.state_indices = kUnreadOffsets;
+  EXPECT_NE(gpu::plan_prefill(pools, kH200Multiprocessors).pass, Pass::kFused);
+}
+
+// The two-kernel path's choice for those (FLASHKDA_FUSED=0) and for P9.
+TEST(PrefillPlan, SeveralSequencesManyHeadsRunThePersistentPass) {  // P2, P3, P5, P6 (FLASHKDA_FUSED=0), P9
+  const ScopedEnv two_kernels({{"FLASHKDA_FUSED", "0"}});
   for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
            {kUneven, 96}, {std::vector<int64_t>(8, 1024), 96}, {kUneven, 64}, {std::vector<int64_t>(8, 1024), 64},
            {std::vector<int64_t>(64, 128), 32}}) {
@@ -176,8 +205,10 @@ TEST(PrefillPlan, OverridesChangeWhatTheySay) {
 
 // The fp16 step takes P1's 8x1 per item beside the prep tail, P3's persistent pass and P4's 4x1,
 // with checkpoints and K-major states too; F16Records replace ChunkRecords one for one. The split
-// pass keeps its wgmma records. FLASHKDA_STATE_F16=0: the tf32 step everywhere.
+// pass keeps its wgmma records. FLASHKDA_STATE_F16=0: the tf32 step everywhere. (P3 on the
+// two-kernel path: FLASHKDA_FUSED=0.)
 TEST(PrefillPlan, TheFp16StepTakesTheWholeSlicePasses) {
+  const ScopedEnv two_kernels{{"FLASHKDA_FUSED", "0"}};
   const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {{{8192}, 96}, {std::vector<int64_t>(8, 1024), 96}};
   std::vector<size_t> f16_bytes;
   for (const auto& [lens, heads] : cases) {
@@ -267,9 +298,9 @@ TEST(PrefillPlan, RefusesWhatItCannotPlan) {
   expect_refused({{"FLASHKDA_FUSED", "2"}}, shapes({8192}, 96), ErrorCode::kInvalidArgument, "FLASHKDA_FUSED");
 }
 
-// The fused chunk-64 prefill: only where FLASHKDA_FUSED=1 asks for it, with no workspace, and a
+// The fused chunk-64 prefill forced (FLASHKDA_FUSED=1) on any shape, with no workspace, and a
 // forced call it cannot take is refused by the feature's name (never run on another path).
-TEST(PrefillPlan, TheFusedPrefillOnlyWhenForced) {
+TEST(PrefillPlan, TheFusedPrefillWhenForced) {
   EXPECT_NE(plan({8192}, 96).pass, Pass::kFused);
   {
     const ScopedEnv fused({{"FLASHKDA_FUSED", "1"}});

@@ -306,8 +306,7 @@ bool use_f16_step(const PrefillPlan& plan, StateConfig c) {
   return plan.pass == PrefillPlan::Pass::kPerItem && c.key_parts == 1 && (c.value_slices == 8 || c.value_slices == 4);
 }
 
-// The fused chunk-64 prefill (fused_kernel.cu): only when FLASHKDA_FUSED=1 forces it, and only
-// where it applies (what fused_prefill_lacks does not name); nothing chooses it yet.
+// What the fused chunk-64 prefill (fused_kernel.cu) cannot take yet, by name; nullptr if nothing.
 const char* fused_prefill_lacks(const Problem& p) {
   if (p.gate != Gate::kSafe) return "the softplus gate";
   if (p.state_layout != StateLayout::kVK) return "K-major states";
@@ -316,11 +315,25 @@ const char* fused_prefill_lacks(const Problem& p) {
   return nullptr;
 }
 
-bool use_fused(const Problem& p) {
-  if (forced_switch("FLASHKDA_FUSED") != 1) return false;
-  if (const char* lacks = fused_prefill_lacks(p))
-    fail(ErrorCode::kUnsupported, "FLASHKDA_FUSED=1: the fused prefill does not take ", lacks, " yet; unset it");
-  return true;
+// The fused prefill where it applies and was measured faster than the two-kernel path. It runs a
+// block a (sequence, head) for the item's whole chain, so it needs items for about three quarters
+// of the multiprocessors or more, and sequences of kFusedMinMeanTokens on average (a block's start
+// and its state's load and store are paid once a sequence). Measured on one H100 against the
+// two-kernel path (docs/perf-notes.md, "The fused prefill by default"): P2 -10.8%,
+// P3 -10%, P5 -8.7%, P6 -12%; P1 (96 items on 132) -0.8%, left on the two-kernel path; P4 and P10
+// (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence) 36% to 9x slower.
+// FLASHKDA_FUSED=1 forces it (refusing by name what it lacks), =0 keeps the two-kernel path.
+constexpr int64_t kFusedMinMeanTokens = 1024;
+bool use_fused(const Problem& p, int sms) {
+  const int forced = forced_switch("FLASHKDA_FUSED");
+  if (forced == 0) return false;
+  const char* lacks = fused_prefill_lacks(p);
+  if (forced == 1) {
+    if (lacks) fail(ErrorCode::kUnsupported, "FLASHKDA_FUSED=1: the fused prefill does not take ", lacks, " yet; unset it");
+    return true;
+  }
+  const int64_t items = p.N * p.H;
+  return !lacks && items <= INT32_MAX && 4 * items >= 3 * int64_t{sms} && p.total_tokens >= kFusedMinMeanTokens * p.N;
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
@@ -342,7 +355,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   plan.multiprocessors = multiprocessors;
   StateConfig c = state_config(p.N * p.H, plan.multiprocessors);
   const int64_t slots = num_chunk_slots(p.total_tokens, p.N);
-  if (use_fused(p)) {  // no workspace
+  if (use_fused(p, plan.multiprocessors)) {  // no workspace
     plan.pass = PrefillPlan::Pass::kFused;
     if (const char* forced = std::getenv("FLASHKDA_FUSED_SPLIT")) {
       int a = 0, b = 0;
@@ -351,6 +364,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
              ", got '", forced, "'");
       plan.fused_split[0] = a, plan.fused_split[1] = b;
     }
+    plan.fused_longest_first = p.cu_seqlens && p.N > 1 && p.N <= fused::kMaxLongestFirstSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
     return plan;
   }
   if (use_wgmma(p)) {
@@ -405,7 +419,8 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
   FusedParams f{tiles(p.q, p.q_rows), tiles(p.k, p.k_rows), tiles(p.g, p.g_rows), tiles(p.v, p.v_rows),
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
-                p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]}};
+                p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
+                plan.fused_longest_first};
   launch_fused(f, stream);
 }
 

@@ -98,7 +98,8 @@ struct Small {
   static constexpr uint32_t kEGap = kTotals;
   static constexpr uint32_t kDecay = kEKr + kBlocks * kD * 4;    // [128] e^G_C, read by the step
   static constexpr uint32_t kBarriers = kDecay + kD * 4;         // q/k/g full[2], v full[2]
-  static constexpr uint32_t kBytes = kBarriers + 4 * 8;
+  static constexpr uint32_t kItemSeq = kBarriers + 4 * 8;        // int64: the block's sequence (FusedParams::longest_first)
+  static constexpr uint32_t kBytes = kItemSeq + 8;
 };
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
@@ -106,6 +107,10 @@ constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks
 // 32 tokens; fused_kernel.cu, invert_below_and_w), fp32 [16][16] each.
 constexpr uint32_t kZBlocksBytes = 4 * kBlockTileBytes;
 static_assert(kBlocks == 4, "the inverse by halves of two blocks");
+
+// Sequences the fused prefill takes longest first (FusedParams::longest_first): each block ranks
+// them itself at its start (O(N) loads a thread), so only for a few.
+constexpr int64_t kMaxLongestFirstSeqs = 64;
 
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;

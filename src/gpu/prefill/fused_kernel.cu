@@ -865,6 +865,21 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   Item it;
   it.head = static_cast<int>(blockIdx.x % p.num_heads);
   it.seq = blockIdx.x / p.num_heads;
+  if (p.longest_first) {  // the sequence of rank it.seq: longest first, ties by index
+    // The lengths in one round of loads, into the operand stage (first written in chunk 0's phase 2).
+    static_assert(kMaxLongestFirstSeqs <= kThreads && kMaxLongestFirstSeqs * 8 <= OpStage::kBytes, "a length a thread");
+    int64_t* lens = reinterpret_cast<int64_t*>(smem + kSmemOp);
+    const int n = static_cast<int>(threadIdx.x), seqs = static_cast<int>(p.seqs.num_seqs);
+    if (n < seqs) lens[n] = p.seqs.offset(n + 1) - p.seqs.offset(n);
+    __syncthreads();
+    if (n < seqs) {
+      int64_t rank = 0;
+      for (int m = 0; m < seqs; ++m) rank += lens[m] > lens[n] || (lens[m] == lens[n] && m < n);
+      if (rank == it.seq) at<int64_t>(small, Small::kItemSeq) = n;
+    }
+    __syncthreads();
+    it.seq = at<int64_t>(small, Small::kItemSeq);
+  }
   int64_t eos;
   p.seqs.bounds(it.seq, it.bos, eos);
   it.len = eos - it.bos;
@@ -956,6 +971,8 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   const int64_t blocks = p.seqs.num_seqs * p.num_heads;
   if (blocks == 0) return;
   if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 (sequence, head) pairs");
+  if (p.longest_first && p.seqs.num_seqs > kMaxLongestFirstSeqs)
+    fail(ErrorCode::kInvalidArgument, "the fused prefill ranks at most ", kMaxLongestFirstSeqs, " sequences, got ", p.seqs.num_seqs);
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses

@@ -209,6 +209,10 @@ struct FusedParams {
   // The elementwise pass's channel groups of 8 (fused_config.h): part 0 takes [0, split[0]),
   // part 1 [split[0], split[1]), part 2 the rest (PrefillPlan::fused_split).
   int split[2];
+  // Blocks take the sequences longest first (block i: the sequence of rank i / H, head i % H), so
+  // that the longest chains start in the first wave instead of running alone at the end; else
+  // sequence i / H. At most kMaxLongestFirstSeqs sequences.
+  bool longest_first;
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 
