@@ -194,8 +194,8 @@ __device__ __forceinline__ uint32_t beta_bits(const FusedParams& p, const Item& 
 // Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens (`beta` from beta_bits, a chunk
 // ahead) and scale / ||q||, 1 / ||k||. Thread (token tid / 2, box tid % 2) sums the squares of
 // its token's 64 channels in that box from 16-byte loads on the FMA pipe, the boxes' sums joined
-// by one shuffle: as bf16 mma the norms queued behind the step's wgmma on the tensor pipe (a
-// third of this phase's samples were "math" stalls at 78771e9).
+// by one shuffle: as bf16 mma the norms queued behind the step's wgmma on the tensor pipe (28% of
+// this phase's stall samples were "math" at 78771e9, P1).
 __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& it, int c, uint32_t beta, const PrepWarp& L, const Regions& R) {
   const int count = it.count(c);
   const uint32_t tid = 32 * L.warp + L.lane;
@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   Item it;
   it.head = static_cast<int>(blockIdx.x % p.num_heads);
   it.seq = blockIdx.x / p.num_heads;
-  if (p.longest_first) {  // the sequence of rank it.seq: longest first, ties by index
+  if (p.longest_first) {  // the sequence of rank it.seq: longest first, ties by index (SequenceTable::order_by_length's order)
     // The lengths in one round of loads, into the operand stage (first written in chunk 0's phase 2).
     static_assert(kMaxLongestFirstSeqs <= kThreads && kMaxLongestFirstSeqs * 8 <= OpStage::kBytes, "a length a thread");
     int64_t* lens = reinterpret_cast<int64_t*>(smem + kSmemOp);
