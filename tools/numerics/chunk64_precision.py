@@ -35,6 +35,11 @@ costs rel ~1.65e-3 by itself, so the bar leaves ~2.5e-3 in quadrature for the ke
   truncated to tf32 instead of rounded (the mma's own truncation, 16 fewer instructions a channel
   tile in the fused prep), 1.87e-3 at worst (f16-vscaled-diag-tf32t, against 1.73e-3 rounded).
 - fp16 subnormal inputs (Kt, Qt, Kr, off-diagonal blocks) are decayed-away terms, |err| <= 2^-25.
+- The operand tiles as the kernel forms them (the stored block-relative fp16 product times a
+  per-channel factor, rounded again): 1.93e-3 at worst with the factor in fp32 (f16-yform-tiles-f32,
+  the kernel since 4d10dfa; f16-yform's single rounding: 1.88-1.90e-3), 1.96-1.97e-3 with the factor
+  in fp16 (f16-yform-tiles-f16: a packed HMUL2 instead of two conversions, two multiplies and a
+  pack a pair), seeds 1 and 2: the fp16 factor costs ~2% of the error, 1.5x under the bar.
 """
 import argparse
 import os
@@ -65,6 +70,13 @@ VARIANTS = {
     # V^, S^, Kt with fp32 accumulation, rounded to fp16 as the A operand of Y^T W^T
     "f16-yform": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
                       wv="scaled", form="y", y="fp16"),
+    # f16-yform with the operand tiles (Kt, Qt, Kr, the off-diagonal blocks' B side) as the kernel
+    # forms them: the elementwise pass's block-relative fp16 products times per-channel factors,
+    # in fp32 (the kernel since 4d10dfa) or as a packed fp16 multiply (HMUL2: factors in fp16)
+    "f16-yform-tiles-f32": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
+                                wv="scaled", form="y", y="fp16", tiles="f32-factor"),
+    "f16-yform-tiles-f16": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
+                                wv="scaled", form="y", y="fp16", tiles="f16-factor"),
     "bf16-s-f16-rest": dict(ALL16, diag="tf32", offdiag="fp16", w="fp16", s="bf16", u="bf16"),
     "tf32-ref": dict(diag="tf32", offdiag="tf32", w="tf32", wv="plain", s="tf32", u="tf32",
                      wk="tf32", qt="tf32", kr="tf32", mu="tf32"),
@@ -103,10 +115,36 @@ def row_scale(m):
     return np.where(m > 0, np.exp2(2 - np.floor(np.log2(safe))), 1).astype(f)
 
 
+def block_refs(G, C):
+    """R_b per token: G at the last token before the token's 16-token block (0 in block 0), and
+    R_(b+1): G at the block's last token."""
+    idx = np.arange(C)
+    start, end = 16 * (idx // 16), 16 * (idx // 16) + 15
+    before = np.where(start[:, None] > 0, G[np.maximum(start - 1, 0)], 0).astype(f)
+    return before, G[end]
+
+
+def scaled_tile(x, rel, factor, mode):
+    """x e^(rel + factor) as the fused kernel forms an operand tile: the block-relative fp16
+    product x e^rel (stored by the elementwise pass), then times the per-channel factor e^factor.
+    mode "once": one rounding of the exact product (R rounds it later); "f32-factor": the factor
+    in fp32, the product rounded to fp16 (the kernel's scaled_f16x2); "f16-factor": the factor
+    rounded to fp16 first (a packed fp16 multiply, HMUL2)."""
+    if mode == "once":
+        return x * np.exp(rel + factor)
+    stored = fp16(x * np.exp(rel))
+    fac = np.exp(factor).astype(f)
+    if mode == "f16-factor":
+        fac = fp16(fac)
+    with np.errstate(under="ignore"):
+        return fp16(stored * fac)
+
+
 def blocked_LM(kh, xq, G, b, C, R, v):
     """L (strict lower, times beta) and M (lower) from 16-token blocks, each block row bi using
     the reference R_bi = G[16 bi - 1] (0 for bi = 0)."""
     L, M = np.zeros((C, C), f), np.zeros((C, C), f)
+    _, after = block_refs(G, C)  # R_(j+1) of each token j
     for bi in range(C // 16):
         lo, hi = 16 * bi, 16 * bi + 16
         ref = G[lo - 1] if bi else np.zeros_like(G[0])
@@ -116,7 +154,9 @@ def blocked_LM(kh, xq, G, b, C, R, v):
             B = kh[:hi] * eB
             out[lo:hi, lo:hi] = R(v["diag"], A, "diag") @ R(v["diag"], B[lo:], "diag").T
             if bi:
-                out[lo:hi, :lo] = R(v["offdiag"], A, "offdiag") @ R(v["offdiag"], B[:lo], "offdiag").T
+                # B off the diagonal: the g products k^ e^(R_(j+1) - G_j) times e^(R_b - R_(j+1))
+                Bo = scaled_tile(kh[:lo], after[:lo] - G[:lo], ref - after[:lo], v.get("tiles", "once"))
+                out[lo:hi, :lo] = R(v["offdiag"], A, "offdiag") @ R(v["offdiag"], Bo, "offdiag").T
     return np.tril(b[:, None] * L, -1), np.tril(M)
 
 
@@ -127,8 +167,12 @@ def chunk64(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, var, C, R):
     out = np.zeros((T, v.shape[1]), f)
     for c0 in range(0, T, C):
         n, vv, b, qh, kh, G = chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C)
-        eG = np.exp(G)
-        Kt, Qt, Kr, D = kh * eG, scale * qh * eG, kh * np.exp(G[-1] - G), np.exp(G[-1])
+        before, after = block_refs(G, C)  # R_b, R_(b+1) of each token's block
+        mode = var.get("tiles", "once")
+        Kt = scaled_tile(kh, G - before, before, mode)  # k^ e^G
+        Qt = scaled_tile(scale * qh, G - before, before, mode)  # scale q^ e^G
+        Kr = scaled_tile(kh, after - G, G[-1] - after, mode)  # k^ e^(G_C - G)
+        D = np.exp(G[-1])
         L, M = blocked_LM(kh, scale * qh, G, b, C, R, var)
         W = np.linalg.inv(np.eye(C, dtype=f) + L).astype(f) * b[None, :]
         R.max_w = max(R.max_w, float(np.nan_to_num(np.abs(W), nan=np.inf).max()))
