@@ -91,6 +91,19 @@ TEST(PrefillPlan, LongSequencesOnManyItemsRunTheFusedPrefill) {  // P2, P3, P5, 
     SCOPED_TRACE(std::to_string(lens.size()) + " sequences x " + std::to_string(heads) + " heads");
     EXPECT_NE(plan(lens, heads).pass, Pass::kFused);
   }
+  // Longest first only for packed sequences (cu_seqlens), at most 64 of them (each block ranks
+  // them itself), and not with FLASHKDA_SEQ_ORDER=0.
+  const PrefillPlan many = plan(std::vector<int64_t>(65, 1024), 96);
+  EXPECT_EQ(many.pass, Pass::kFused);
+  EXPECT_FALSE(many.fused_longest_first);
+  Problem batch = shapes(std::vector<int64_t>(8, 1024), 96);
+  batch.cu_seqlens = nullptr, batch.B = 8, batch.T = 1024;  // [B, T]: sequences of equal length
+  EXPECT_EQ(gpu::plan_prefill(batch, kH200Multiprocessors).pass, Pass::kFused);
+  EXPECT_FALSE(gpu::plan_prefill(batch, kH200Multiprocessors).fused_longest_first);
+  {
+    const ScopedEnv index_order({{"FLASHKDA_SEQ_ORDER", "0"}});
+    EXPECT_FALSE(plan(kUneven, 96).fused_longest_first);
+  }
   Problem softplus = shapes(std::vector<int64_t>(8, 1024), 96);
   softplus.gate = Gate::kSoftplus;
   EXPECT_EQ(gpu::plan_prefill(softplus, kH200Multiprocessors).pass, Pass::kPersistent);
