@@ -18,6 +18,7 @@
 #include "common/bf16.h"
 #include "cpu/oracle.h"
 #include "device_problem.h"
+#include "gpu/gpu_backend.h"
 
 namespace flashkda::testing {
 namespace {
@@ -490,8 +491,6 @@ INSTANTIATE_TEST_SUITE_P(Passes, GpuPrefillF16, ::testing::Values("per-item", "p
                            return std::string(info.param) == "persistent" ? "Persistent" : "PerItem";
                          });
 
-// FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:
-// the records, and so every output, stay bit for bit those of the unpadded launch.
 // The fused chunk-64 prefill (fused_kernel.cu), forced by FLASHKDA_FUSED=1: safe gate, V-major
 // states without pools or checkpoints. Its chunk is 64 tokens, so the edge lengths are those
 // around 64 too; its fp16 operands ride on a power-of-two scale per state row that covers the
@@ -528,6 +527,35 @@ TEST_F(GpuPrefillFused, RefusesWhatItLacks) {
   EXPECT_THAT(msg, ::testing::HasSubstr("FLASHKDA_FUSED=1: the fused prefill does not take the softplus gate"));
 }
 
+// Blocks take the sequences longest first when there are at most 64 (each block ranks them
+// itself), in index order beyond: both sides of the bound, lengths from 0 to 200 tokens.
+TEST_F(GpuPrefillFused, LongestFirstUpToItsBound) {
+  constexpr int64_t kMaxRanked = 64;  // kMaxLongestFirstSeqs of gpu/prefill/fused_config.h (device code)
+  for (const int64_t n : {kMaxRanked, kMaxRanked + 1}) {
+    std::mt19937_64 rng(652 + n);
+    std::vector<int64_t> lens(n);
+    for (int64_t& len : lens) len = static_cast<int64_t>(rng() % 201);
+    expect_matches_oracle(packed(lens, 2, 652 + n));
+  }
+}
+
+// The plan's own choice, nothing forced: sequences of 1024 tokens or more on average on
+// (sequence, head) items for three quarters of the multiprocessors or more take the fused prefill
+// (prefill_launch.cu, use_fused), longest first. The smallest such call on this device.
+TEST_F(GpuPrefill, ManyLongSequencesTakeTheFusedPrefillByDefault) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const int64_t heads = (3 * int64_t{sms} + 7) / 8;  // two sequences: 2 H >= 3/4 of the multiprocessors
+  RandomProblem host(packed({1100, 1000}, heads, 656));
+  const gpu::PrefillPlan plan = gpu::plan_prefill(host.problem());
+  EXPECT_EQ(plan.pass, gpu::PrefillPlan::Pass::kFused);
+  EXPECT_TRUE(plan.fused_longest_first);
+  expect_matches_oracle(host);
+}
+
+// FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment) pads the prep kernel's shared memory:
+// the records, and so every output, stay bit for bit those of the unpadded launch.
 TEST_F(GpuPrefill, PrepOccupancyPaddingKeepsResultsBitForBit) {
   RandomProblem host(packed({300, 17, 64}, 3, 23));
   DeviceProblem dev(host);
