@@ -410,13 +410,14 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   return plan;
 }
 
-// The fused prefill's launch: q, k, g, v as tensor maps of [64 tokens][64] swizzled boxes.
+// The fused prefill's launch: q, k, g, v and out as tensor maps of [64 tokens][64] swizzled boxes.
 void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t stream) {
   auto tiles = [&](const uint16_t* data, const RowStrides& rows) {
     const ActivationView a = activation_view(data, rows, p, kHeadDim);  // token rows evenly spaced (the plan)
     return encode_token_tiles_map(data, p.total_tokens, p.H, a.token, a.head, fused::kC);
   };
-  FusedParams f{tiles(p.q, p.q_rows), tiles(p.k, p.k_rows), tiles(p.g, p.g_rows), tiles(p.v, p.v_rows),
+  const CUtensorMap out_tiles = encode_token_tiles_map(p.out, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, fused::kC);  // dense
+  FusedParams f{tiles(p.q, p.q_rows), tiles(p.k, p.k_rows), tiles(p.g, p.g_rows), tiles(p.v, p.v_rows), out_tiles,
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},

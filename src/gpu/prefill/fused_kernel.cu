@@ -563,6 +563,13 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
   put_w(x, b, j, -1.f);
 }
 
+// The thread of a math warpgroup that stored its box of the previous chunk's out rows (step)
+// waits until the copy engine has read it: before the phase barrier after which the box's stage
+// is refilled, and before the block exits.
+__device__ __forceinline__ void out_box_read() {
+  if (threadIdx.x % 128 == 0) ptx::bulk_wait_group_read<0>();
+}
+
 // Phases 2 to 4 of chunk c, by every thread of the block after its part of the elementwise pass
 // (kPrep: the prep warpgroup's instance). Returns with this thread's part of the operand stage and
 // Kr^T written and fenced for wgmma; operands_ready() waits for the others'.
@@ -570,6 +577,7 @@ template <bool kPrep>
 __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, int c, const PrepWarp& L, const Regions& R, uint8_t* in_stages,
                                           const InBarriers& bars, Frag16& Ld, Frag16& Md) {
   if constexpr (!kPrep) {  // parts 1 and 2 hand their diagonal products over
+    out_box_read();  // chunk c - 1's box: its stage takes chunk c + 1's v after the barrier below
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       *partial_slot(R, L.part(), L.block(), n, L.lane) = make_float4(Ld[n][0], Ld[n][1], Ld[n][2], Ld[n][3]);
@@ -814,7 +822,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   FUSED_MARK(c, 14);
 
   // out rows: O^T = P^T 2^e_row into this warpgroup's V box (read above) by stmatrix.trans (the
-  // warp's 16 value rows x 16 tokens a store: token rows of 8 + 8 values), then 16-byte stores.
+  // warp's 16 value rows x 16 tokens a store: token rows of 8 + 8 values), then to device memory.
   {
     const float up0 = pow2(S.e_row[0]), up1 = pow2(S.e_row[1]);
     const int m = L.lane / 8;
@@ -828,6 +836,19 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
       const int tok = 16 * q + 8 * (m >> 1) + L.lane % 8;
       ptx::stmatrix_x4_trans(ptx::smem_addr(vbox + swizzled_offset(tok, vv)), r);
     }
+  }
+  if (count == kC) {
+    // A full chunk: one thread hands the box to the copy engine (after every writer's fence and the
+    // warpgroup's barrier) and the warps go on; it waits for the store's reads before the box is
+    // refilled (out_box_read). A partial chunk's rows past the sequence are another's: 16-byte
+    // stores of the chunk's rows.
+    ptx::fence_proxy_async_shared();
+    named_sync(kMathBarrier + L.wg, 128);
+    if (threadIdx.x % 128 == 0) {
+      ptx::tensor_copy_3d_s2g(&p.out_tiles, vbox, kMathRows * L.wg, it.head, it.row(c));
+      ptx::bulk_commit_group();
+    }
+    return;
   }
   named_sync(kMathBarrier + L.wg, 128);
   const int tid = threadIdx.x % 128;
@@ -950,6 +971,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       FUSED_MARK(c, 10);
     }
     store_state(p, it, M.laundered(), S);
+    out_box_read();
   }
 #ifdef FLASHKDA_FUSED_TIMING
   if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && chunks > kTimedChunk) {

@@ -195,6 +195,7 @@ struct StateConfig {
 // checkpoints, q, k, v, g rows readable by the copy engine (the plan checks).
 struct FusedParams {
   CUtensorMap q_tiles, k_tiles, g_tiles, v_tiles;  // [total, H, 128] bf16, boxes of [64 tokens][64], 128-byte swizzle
+  CUtensorMap out_tiles;                            // out, the same boxes (the step's stores of full chunks)
   ActivationView beta;                              // [total, H], any strides
   const float* A_log;                               // [H]
   const float* dt_bias;                             // [H, 128]

@@ -65,4 +65,20 @@ __device__ __forceinline__ void tensor_copy_3d_g2s(void* dst_smem, const void* t
       : "memory");
 }
 
+// A shared-memory tile -> a 3D box of a tensor map (coordinates innermost first), in the calling
+// thread's bulk async-group: the shared memory may be reused once bulk_wait_group_read says the
+// group has read it. Writers of the tile fence (fence_proxy_async_shared) before the issuing
+// thread can see their barrier.
+__device__ __forceinline__ void tensor_copy_3d_s2g(const void* tensor_map, const void* src_smem, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(tensor_map),
+               "r"(smem_addr(src_smem)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until all but the newest N of the calling thread's committed bulk groups have read their source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace flashkda::ptx
