@@ -316,14 +316,17 @@ const char* fused_prefill_lacks(const Problem& p) {
 }
 
 // The fused prefill where it applies and was measured faster than the two-kernel path. It runs a
-// block a (sequence, head) for the item's whole chain, so it needs items for about three quarters
-// of the multiprocessors or more, and sequences of kFusedMinMeanTokens on average (a block's start
-// and its state's load and store are paid once a sequence). Measured on one H100 against the
-// two-kernel path (docs/perf-notes.md, "The fused prefill by default"): P2 -10.8%,
-// P3 -10%, P5 -8.7%, P6 -12%; P1 (96 items on 132) -0.8%, left on the two-kernel path; P4 and P10
-// (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence) 36% to 9x slower.
+// block a (sequence, head) for the item's whole chain, so it needs items for about 70% of the
+// multiprocessors or more, and sequences of kFusedMinMeanTokens on average (a block's start and its
+// state's load and store are paid once a sequence). Measured on one H100 against the two-kernel
+// path (docs/perf-notes.md, "The fused prefill by default" and "Out rows by bulk store, tiles by
+// HMUL2"): P2 -10.8%, P3 -10%, P5 -8.7%, P6 -12% at 98ca4eb; P1 (96 items on 132: 73%) -4% at
+// 0850662, even before it. The fused time of one wave does not shrink with fewer items while the
+// two-kernel path's does, so at P1's margin the crossover is near 92 items on 132 (70%). P4 and
+// P10 (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence) were 36% to 9x slower.
 // FLASHKDA_FUSED=1 forces it (refusing by name what it lacks), =0 keeps the two-kernel path.
 constexpr int64_t kFusedMinMeanTokens = 1024;
+constexpr int64_t kFusedMinItemsPercentOfSMs = 70;
 bool use_fused(const Problem& p, int sms) {
   const int forced = forced_switch("FLASHKDA_FUSED");
   if (forced == 0) return false;
@@ -333,7 +336,7 @@ bool use_fused(const Problem& p, int sms) {
     return true;
   }
   const int64_t items = p.N * p.H;
-  return !lacks && items <= INT32_MAX && 4 * items >= 3 * int64_t{sms} && p.total_tokens >= kFusedMinMeanTokens * p.N;
+  return !lacks && items <= INT32_MAX && 100 * items >= kFusedMinItemsPercentOfSMs * int64_t{sms} && p.total_tokens >= kFusedMinMeanTokens * p.N;
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
