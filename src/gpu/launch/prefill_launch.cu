@@ -320,10 +320,11 @@ const char* fused_prefill_lacks(const Problem& p) {
 // multiprocessors or more, and sequences of kFusedMinMeanTokens on average (a block's start and its
 // state's load and store are paid once a sequence). Measured on one H100 against the two-kernel
 // path (docs/perf-notes.md, "The fused prefill by default" and "Out rows by bulk store, tiles by
-// HMUL2"): P2 -10.8%, P3 -10%, P5 -8.7%, P6 -12% at 98ca4eb; P1 (96 items on 132: 73%) -4% at
-// 0850662, even before it. The fused time of one wave does not shrink with fewer items while the
-// two-kernel path's does, so at P1's margin the crossover is near 92 items on 132 (70%). P4 and
-// P10 (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence) were 36% to 9x slower.
+// HMUL2"): P2 -10.8%, P3 -10%, P5 -8.7%, P6 -12% at 98ca4eb; P1 (96 items on 132: 73%) -5.4%
+// at 4008add in one call, even before 41d0c98. The fused time of one wave does not shrink with
+// fewer items while the two-kernel path's does, so at P1's margin the crossover is near 92 items
+// on 132 (70%). P4 and P10 (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence)
+// were 36% to 9x slower.
 // FLASHKDA_FUSED=1 forces it (refusing by name what it lacks), =0 keeps the two-kernel path.
 constexpr int64_t kFusedMinMeanTokens = 1024;
 constexpr int64_t kFusedMinItemsPercentOfSMs = 70;
