@@ -378,40 +378,61 @@ __device__ __forceinline__ void factor_table(const Regions& R, int c) {
   R.fw(Small::kDecay)[c] = ptx::exp2_ftz(S[kBlocks]);
 }
 
+// A lane's ldmatrix rows in a swizzled [64][64] box (swizzled_offset): row `tok`, 16-byte chunk
+// 2u + h of the box at (2u + h) ^ (tok % 8) for the box's k-tiles u = 0 .. 3. h and tok are the
+// lane's, u a compile-time index, so the chunk's byte offset is the lane's base XOR 32 u: one
+// instruction an address (the general swizzled_offset cost ~15 a k-tile in the loops below).
+struct BoxRows {
+  uint32_t base;  // byte offset of k-tile 0's chunk in the box pair, box included
+  __host__ __device__ constexpr BoxRows(uint32_t tok, uint32_t h, int box)
+      : base(static_cast<uint32_t>(box) * (kC * 128) + tok * 128 + ((h ^ tok) & 1u) * 16 + (tok & 6u) * 16) {}
+  __host__ __device__ constexpr uint32_t at(int u) const { return base ^ (32u * static_cast<uint32_t>(u)); }
+};
+static_assert(BoxRows(13, 1, 1).at(3) == swizzled_offset(13, 64 + 16 * 3 + 8) && BoxRows(6, 0, 0).at(2) == swizzled_offset(6, 32) &&
+                  BoxRows(63, 1, 1).at(0) == swizzled_offset(63, 64 + 8) && BoxRows(2, 1, 0).at(1) == swizzled_offset(2, 24),
+              "BoxRows agrees with swizzled_offset");
+
 // Kt (kKt; phase 3, from the k products) or Qt and Kr^T (phase 4, from the q and g products, while
-// the k tile holds X) of token block b over channel groups [kk0, kk1) (kk0 even), a 16-channel slab
-// at a time: ldmatrix from the swizzled tile, the per-channel factors, stmatrix into the wgmma
+// the k tile holds X) of token block b over the 64 channels of box `box`, a 16-channel slab (k-tile
+// u) at a time: ldmatrix from the swizzled tile, the per-channel factors, stmatrix into the wgmma
 // tile (Kr^T transposed). Matrix m of a slab: tokens 16 b + 8 (m & 1) + i, channels 8 (m >> 1) + ..
 template <bool kKt>
-__device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int b, int kk0, int kk1) {
-  const float* eR = R.f(Small::kER) + b * kD;
-  const float* eKr = R.f(Small::kEKr) + b * kD;
+__device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& R, int b, int box) {
   const int m = L.lane / 8, i = L.lane % 8;
   const uint32_t tok = kBlock * b + 8 * (m & 1) + i;  // the row this lane addresses
-  auto scale = [](uint32_t (&r)[4], const float* f, int c) {  // r[m] *= f at channels c + 8 (m >> 1) + 2t, + 1
+  const BoxRows src(tok, static_cast<uint32_t>(m >> 1), box);
+  const int kt0 = 4 * box;  // the box's first k-tile of 16 channels
+  const float* eR = R.f(Small::kER) + b * kD + 16 * kt0 + 2 * L.t;
+  const float* eKr = R.f(Small::kEKr) + b * kD + 16 * kt0 + 2 * L.t;
+  // Destinations at k-tile kt0: tile_offset(tok, 16 kt + 8 (m >> 1), kD) and, transposed,
+  // tile_offset(16 kt + 8 (m >> 1) + i, 16 b + 8 (m & 1), kC); each k-tile adds 256 and 2048 bytes.
+  const uint32_t dst = tile_offset(tok, 16 * kt0 + 8 * (m >> 1), kD);
+  const uint32_t dst_t = tile_offset(16 * kt0 + 8 * (m >> 1) + i, kBlock * b + 8 * (m & 1), kC);
+  static_assert(tile_offset(8, 16, kD) - tile_offset(8, 0, kD) == 256 && tile_offset(16 + 3, 8, kC) - tile_offset(3, 8, kC) == 2048,
+                "a k-tile's step in the wgmma tiles");
+  auto scale = [](uint32_t (&r)[4], const float* f) {  // r[m] *= f at channels 8 (m >> 1) + 2t, + 1 of the slab
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float2 e = *reinterpret_cast<const float2*>(f + c + 8 * hh);
+      const float2 e = *reinterpret_cast<const float2*>(f + 8 * hh);
 #pragma unroll
       for (int h = 0; h < 2; ++h) r[2 * hh + h] = scaled_f16x2(r[2 * hh + h], e);
     }
   };
-#pragma unroll 2
-  for (int kt = kk0 / 2; kt < kk1 / 2; ++kt) {
-    const uint32_t col = 16 * kt + 8 * (m >> 1);
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
     uint32_t r[4];
     if constexpr (kKt) {
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + swizzled_offset(tok, col)), r);
-      scale(r, eR, 16 * kt + 2 * L.t);
-      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kKt + tile_offset(tok, col, kD)), r);
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + src.at(u)), r);
+      scale(r, eR + 16 * u);
+      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kKt + dst + 256 * u), r);
     } else {
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + swizzled_offset(tok, col)), r);
-      scale(r, eR, 16 * kt + 2 * L.t);
-      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kQt + tile_offset(tok, col, kD)), r);
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + swizzled_offset(tok, col)), r);
-      scale(r, eKr, 16 * kt + 2 * L.t);
-      // Transposed: column i of matrix m (channel col + i) as 8 tokens from 16 b + 8 (m & 1).
-      ptx::stmatrix_x4_trans(ptx::smem_addr(R.krt + tile_offset(col + i, kBlock * b + 8 * (m & 1), kC)), r);
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + src.at(u)), r);
+      scale(r, eR + 16 * u);
+      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kQt + dst + 256 * u), r);
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + src.at(u)), r);
+      scale(r, eKr + 16 * u);
+      // Transposed: column i of matrix m (channel 16 kt + 8 (m >> 1) + i) as 8 tokens from 16 b + 8 (m & 1).
+      ptx::stmatrix_x4_trans(ptx::smem_addr(R.krt + dst_t + 2048 * u), r);
     }
   }
 }
@@ -435,24 +456,28 @@ __device__ __forceinline__ void off_diagonal_block(const PrepWarp& L, const Regi
   // the k-tile): a[0..3]; B matrix m = (tokens 16 j + 8 (m >> 1) + i, channels 8 (m & 1)): n-tile
   // m >> 1, k half m & 1.
   const int m = L.lane / 8, i = L.lane % 8;
-  const uint32_t a_row = kBlock * b + 8 * (m & 1) + i, a_col = 8 * (m >> 1);
-  const uint32_t b_row = kBlock * j + 8 * (m >> 1) + i, b_col = 8 * (m & 1);
+  const uint32_t a_row = kBlock * b + 8 * (m & 1) + i, b_row = kBlock * j + 8 * (m >> 1) + i;
   Frag16 acc = {};
-#pragma unroll 2
-  for (int kt = 0; kt < 8; ++kt) {
-    uint32_t a[4], bq[4];
-    ptx::ldmatrix_x4(ptx::smem_addr(R.in + a_tile + swizzled_offset(a_row, 16 * kt + a_col)), a);
-    ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + swizzled_offset(b_row, 16 * kt + b_col)), bq);
-    if (gap) {  // adjacent blocks: e^0
+#pragma unroll 1
+  for (int box = 0; box < 2; ++box) {
+    const BoxRows a_src(a_row, static_cast<uint32_t>(m >> 1), box), b_src(b_row, static_cast<uint32_t>(m & 1), box);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float2 d = *reinterpret_cast<const float2*>(gap + 16 * kt + 8 * hh + 2 * L.t);
+    for (int u = 0; u < 4; ++u) {
+      const int kt = 4 * box + u;
+      uint32_t a[4], bq[4];
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + a_tile + a_src.at(u)), a);
+      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + b_src.at(u)), bq);
+      if (gap) {  // adjacent blocks: e^0
 #pragma unroll
-        for (int n = 0; n < 2; ++n) bq[2 * n + hh] = scaled_f16x2(bq[2 * n + hh], d);
+        for (int hh = 0; hh < 2; ++hh) {
+          const float2 d = *reinterpret_cast<const float2*>(gap + 16 * kt + 8 * hh + 2 * L.t);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) bq[2 * n + hh] = scaled_f16x2(bq[2 * n + hh], d);
+        }
       }
-    }
 #pragma unroll
-    for (int n = 0; n < 2; ++n) ptx::mma_f16_16816(acc[n], a, bq[2 * n], bq[2 * n + 1]);
+      for (int n = 0; n < 2; ++n) ptx::mma_f16_16816(acc[n], a, bq[2 * n], bq[2 * n + 1]);
+    }
   }
   const int r0 = kBlock * b + L.g, r1 = r0 + 8;
   if (is_m) {
@@ -596,15 +621,15 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   FUSED_MARK(c, 6);
   // Phases 3 and 4: the prep warpgroup inverts (X_bb, then the levels) while the math warpgroups
   // write the operand tiles, a token block and half of the channel groups a warp.
-  const int tile_block = (L.warp - kPrepThreads / 32) % kBlocks, tile_kk0 = (L.warp - kPrepThreads / 32) / kBlocks * (kChannelGroups / 2);
-  static_assert(kMathThreads / 32 == 2 * kBlocks, "two math warps a token block");
+  const int tile_block = (L.warp - kPrepThreads / 32) % kBlocks, tile_box = (L.warp - kPrepThreads / 32) / kBlocks;
+  static_assert(kMathThreads / 32 == 2 * kBlocks && kD == 2 * 64, "two math warps a token block, a box of 64 channels each");
   if constexpr (kPrep) invert_diagonal(L, R);
-  else operand_tiles<true>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
+  else operand_tiles<true>(L, R, tile_block, tile_box);
   off_diagonal_block(L, R);
   FUSED_MARK(c, 7);
   named_sync(kPhaseBarrier, kThreads);  // L's blocks, X_bb; the k products read (the k tile free for X)
   if constexpr (kPrep) invert_below_and_w(L, R);
-  else operand_tiles<false>(L, R, tile_block, tile_kk0, tile_kk0 + kChannelGroups / 2);
+  else operand_tiles<false>(L, R, tile_block, tile_box);
   FUSED_MARK(c, 8);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
