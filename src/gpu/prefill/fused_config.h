@@ -62,7 +62,11 @@ constexpr uint32_t kInV = kInG + kSwizzledTileBytes;
 constexpr uint32_t kInQkgBytes = 3 * kSwizzledTileBytes;
 constexpr uint32_t kInBytes = 4 * kSwizzledTileBytes;
 constexpr int kInStages = 2;
-constexpr uint32_t kBlockTileBytes = kBlock * kBlock * 4;
+// An fp32 16 x 16 block of L, X or Z: rows kBlockStride floats apart. 20, not 16: a C or A fragment's
+// rows g = 0 .. 7 then start in eight different bank groups (16 put rows g and g + 2 on the same
+// banks: 4-way conflicts on every fragment load and store of the inverse's levels).
+constexpr int kBlockStride = kBlock + 4;
+constexpr uint32_t kBlockTileBytes = kBlock * kBlockStride * 4;
 __host__ __device__ constexpr uint32_t lower_block(int a, int b) { return static_cast<uint32_t>(a * (a + 1) / 2 + b) * kBlockTileBytes; }
 static_assert(lower_block(kBlocks - 1, kBlocks - 1) + kBlockTileBytes <= kSwizzledTileBytes, "L or X blocks fit a tile");
 
@@ -104,7 +108,7 @@ struct Small {
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
 // Z = L_BA X_AA: the four blocks (2 + i / 2, i % 2) of the inverse's middle level (halves A, B of
-// 32 tokens; fused_kernel.cu, invert_below_and_w), fp32 [16][16] each.
+// 32 tokens; fused_kernel.cu, invert_below_and_w), fp32 [16][kBlockStride] each.
 constexpr uint32_t kZBlocksBytes = 4 * kBlockTileBytes;
 static_assert(kBlocks == 4, "the inverse by halves of two blocks");
 

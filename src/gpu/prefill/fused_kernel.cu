@@ -313,7 +313,7 @@ __device__ __forceinline__ float4* partial_slot(const Regions& R, int part, int 
   return reinterpret_cast<float4*>(R.krt) + ((((part - 1) * kBlocks + block) * 4 + which) * 32 + lane);
 }
 
-// A 16 x 16 block of C fragments as fp32 [16][16] (L's and X's blocks), entries at or above the
+// A 16 x 16 block of C fragments as fp32 [16][kBlockStride] (L's and X's blocks), entries at or above the
 // diagonal dropped where strictly_lower.
 __device__ __forceinline__ void put_block(float* dst, const PrepWarp& L, const Frag16& c, bool strictly_lower, float sign) {
 #pragma unroll
@@ -324,7 +324,7 @@ __device__ __forceinline__ void put_block(float* dst, const PrepWarp& L, const F
       for (int e = 0; e < 2; ++e) {
         const int r = L.g + 8 * h, col = 8 * n + 2 * L.t + e;
         const bool keep = !strictly_lower || col < r;
-        dst[r * kBlock + col] = keep ? sign * c[n][2 * h + e] : 0.f;
+        dst[r * kBlockStride + col] = keep ? sign * c[n][2 * h + e] : 0.f;
       }
 }
 // Block (ib, jb) of M in fp16 into the operand stage, entries above the diagonal dropped where diag.
@@ -505,11 +505,11 @@ __device__ __forceinline__ void invert_diagonal(const PrepWarp& L, const Regions
 #pragma unroll
   for (int m = 0; m < kBlock; ++m)
 #pragma unroll
-    for (int i = m + 1; i < kBlock; ++i) x[i] = fmaf(-blk[i * kBlock + m], x[m], x[i]);
+    for (int i = m + 1; i < kBlock; ++i) x[i] = fmaf(-blk[i * kBlockStride + m], x[m], x[i]);
   __syncwarp();  // every lane's reads of L_bb before X_bb goes over it
   if (L.lane < 16) {
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i) blk[i * kBlock + j] = x[i];
+    for (int i = 0; i < kBlock; ++i) blk[i * kBlockStride + j] = x[i];
   }
 }
 
@@ -526,8 +526,8 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
   const int w = L.warp, g = L.g, t = L.t;
   const float* beta = R.f(Small::kBeta);
   auto a_frag = [&](const float* blk, int kt, uint32_t (&a)[4]) {  // rows g, g + 8; k-slots t, t + 4 of k-tile kt
-    a[0] = __float_as_uint(blk[g * kBlock + 8 * kt + t]), a[1] = __float_as_uint(blk[(g + 8) * kBlock + 8 * kt + t]);
-    a[2] = __float_as_uint(blk[g * kBlock + 8 * kt + t + 4]), a[3] = __float_as_uint(blk[(g + 8) * kBlock + 8 * kt + t + 4]);
+    a[0] = __float_as_uint(blk[g * kBlockStride + 8 * kt + t]), a[1] = __float_as_uint(blk[(g + 8) * kBlockStride + 8 * kt + t]);
+    a[2] = __float_as_uint(blk[g * kBlockStride + 8 * kt + t + 4]), a[3] = __float_as_uint(blk[(g + 8) * kBlockStride + 8 * kt + t + 4]);
   };
   auto product = [&](const float* A, const float* B, Frag16& c) {  // c += A B, 16 x 16 x 16 in tf32
 #pragma unroll
@@ -536,7 +536,7 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
       a_frag(A, kt, a);
 #pragma unroll
       for (int n = 0; n < 2; ++n)
-        ptx::mma_tf32_1688(c[n], a, B[(8 * kt + t) * kBlock + 8 * n + g], B[(8 * kt + t + 4) * kBlock + 8 * n + g]);
+        ptx::mma_tf32_1688(c[n], a, B[(8 * kt + t) * kBlockStride + 8 * n + g], B[(8 * kt + t + 4) * kBlockStride + 8 * n + g]);
     }
   };
   auto put_w = [&](const Frag16& x, int b, int j, float sign) {  // W_bj = sign X_bj Diag(beta_j)
@@ -570,7 +570,7 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x[n][e] = X[(g + 8 * (e >> 1)) * kBlock + 8 * n + 2 * t + (e & 1)];
+        for (int e = 0; e < 4; ++e) x[n][e] = X[(g + 8 * (e >> 1)) * kBlockStride + 8 * n + 2 * t + (e & 1)];
       put_w(x, b, b, 1.f);
     }
   }
