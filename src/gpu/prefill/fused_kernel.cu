@@ -229,83 +229,110 @@ __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& 
 // C fragments of a 16 x 16 product: [n-tile][4] (rows g, g + 8; columns 8 n + 2t, + 1).
 using Frag16 = float[2][4];
 
-// Phase 1: the elementwise pass of block L.block() over channel groups [kk0, kk1); Ld, Md take the
-// part's share of the diagonal products L_bb, M_bb (fp32 C fragments; n-tile = token half).
-// kUnroll: channel groups a loop trip (the math warpgroups have the registers for two).
-template <int kUnroll>
-__device__ __forceinline__ void elementwise_pass(const FusedParams& p, const PrepWarp& L, const Regions& R, int count, float neg_expA_log2e,
-                                                 int kk0, int kk1, Frag16& Ld, Frag16& Md) {
+// Phase 1's shared-memory reads of one channel group: the lane's q, k, g pairs at its two tokens
+// and the gate bias at its two channels. Read for two groups before either group's stores: the
+// stores go over the same tiles, so ptxas kept each group's reads behind the previous group's
+// stores and the groups' dependent chains (gate, scan, exponentials) ran one after the other.
+struct GroupInputs {
+  uint32_t q[2], k[2], g[2];  // [token half] bf16 pairs
+  float2 bias;
+  uint32_t o[2];  // byte offsets of the lane's pair in a tile, [token half]
+};
+__device__ __forceinline__ GroupInputs group_inputs(const PrepWarp& L, const Regions& R, int kk) {
+  GroupInputs x;
+  const int c = 8 * kk + 2 * L.t;
+  x.o[0] = swizzled_offset(L.tok0(), c), x.o[1] = swizzled_offset(L.tok0() + 8, c);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    x.q[h] = at<uint32_t>(R.in, kInQ + x.o[h]), x.k[h] = at<uint32_t>(R.in, kInK + x.o[h]), x.g[h] = at<uint32_t>(R.in, kInG + x.o[h]);
+  }
+  x.bias = *reinterpret_cast<const float2*>(R.f(Small::kDtBias) + c);
+  return x;
+}
+
+// Phase 1 on one channel group kk from its inputs: the gate and its scan, the block sums, the fp16
+// products over the inputs, the part's share of the diagonal products (Ld, Md).
+struct GroupScalars {  // per lane, constant over a chunk's groups
+  bool v0, v1;                    // the lane's tokens inside the chunk
+  float rq0, rq1, rk0, rk1;       // scale / ||q||, 1 / ||k|| of the two tokens
+  float neg_expA_log2e, lb_log2e;
+};
+__device__ __forceinline__ void elementwise_group(const PrepWarp& L, const Regions& R, const GroupScalars& z, int kk, const GroupInputs& x,
+                                                  Frag16& Ld, Frag16& Md) {
   const int b = L.block(), lane = L.lane, t = L.t;
-  const int i0 = L.tok0(), i1 = i0 + 8;  // chunk rows of this lane's tokens
-  const bool v0 = i0 < count, v1 = i1 < count;
-  const float* dtb = R.f(Small::kDtBias);
-  float* totals = R.fw(Small::kTotals);
-  const float rq0 = R.f(Small::kRq)[i0], rq1 = R.f(Small::kRq)[i1];
-  const float rk0 = R.f(Small::kRk)[i0], rk1 = R.f(Small::kRk)[i1];
-  const float lb_log2e = ptx::kLog2e * p.lower_bound;
-  uint8_t* in = R.in;
-#pragma unroll kUnroll
-  for (int kk = kk0; kk < kk1; ++kk) {
-    const int c = 8 * kk + 2 * t;
-    const uint32_t oq0 = kInQ + swizzled_offset(i0, c), oq1 = kInQ + swizzled_offset(i1, c);
-    const uint32_t ok0 = kInK + swizzled_offset(i0, c), ok1 = kInK + swizzled_offset(i1, c);
-    const uint32_t og0 = kInG + swizzled_offset(i0, c), og1 = kInG + swizzled_offset(i1, c);
-    const uint32_t gr0 = at<uint32_t>(in, og0), gr1 = at<uint32_t>(in, og1);
-    const float b0 = dtb[c], b1 = dtb[c + 1];
-    auto gate = [&](float x, float bias, bool valid) {  // a log2(e): lower_bound sigmoid(exp(A_log) (x + bias))
-      return valid ? lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(neg_expA_log2e * (x + bias))) : 0.0f;
-    };
-    // [token half][channel]: inclusive scan over the 8 lanes g of a quad column, then half 1 adds half 0's sum.
-    float G[2][2] = {{gate(bf16_lo(gr0), b0, v0), gate(bf16_hi(gr0), b1, v0)},
-                     {gate(bf16_lo(gr1), b0, v1), gate(bf16_hi(gr1), b1, v1)}};
+  const int c = 8 * kk + 2 * t;
+  auto gate = [&](float v, float bias, bool valid) {  // a log2(e): lower_bound sigmoid(exp(A_log) (v + bias))
+    return valid ? z.lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(z.neg_expA_log2e * (v + bias))) : 0.0f;
+  };
+  // [token half][channel]: inclusive scan over the 8 lanes g of a quad column, then half 1 adds half 0's sum.
+  float G[2][2] = {{gate(bf16_lo(x.g[0]), x.bias.x, z.v0), gate(bf16_hi(x.g[0]), x.bias.y, z.v0)},
+                   {gate(bf16_lo(x.g[1]), x.bias.x, z.v1), gate(bf16_hi(x.g[1]), x.bias.y, z.v1)}};
 #pragma unroll
-    for (int d = 4; d < 32; d <<= 1)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int ch = 0; ch < 2; ++ch) {
-          const float y = __shfl_up_sync(0xffffffffu, G[h][ch], d);
-          if (lane >= d) G[h][ch] += y;
-        }
-    float tot[2];  // the block's sum of a (log2) at the two channels
-#pragma unroll
-    for (int ch = 0; ch < 2; ++ch) {
-      G[1][ch] += __shfl_sync(0xffffffffu, G[0][ch], 28 + t);
-      tot[ch] = __shfl_sync(0xffffffffu, G[1][ch], 28 + t);
-    }
-    if (L.g == 0) *reinterpret_cast<float2*>(totals + b * kD + c) = make_float2(tot[0], tot[1]);
-    const float e_tot[2] = {ptx::exp2_ftz(tot[0]), ptx::exp2_ftz(tot[1])};
-    const uint32_t q0 = at<uint32_t>(in, oq0), q1 = at<uint32_t>(in, oq1);
-    const uint32_t k0 = at<uint32_t>(in, ok0), k1 = at<uint32_t>(in, ok1);
-    // [half][channel] k^, scale q^ (zero for padding tokens, whatever their rows hold)
-    const float kh[2][2] = {{v0 ? bf16_lo(k0) * rk0 : 0.f, v0 ? bf16_hi(k0) * rk0 : 0.f},
-                            {v1 ? bf16_lo(k1) * rk1 : 0.f, v1 ? bf16_hi(k1) * rk1 : 0.f}};
-    const float qh[2][2] = {{v0 ? bf16_lo(q0) * rq0 : 0.f, v0 ? bf16_hi(q0) * rq0 : 0.f},
-                            {v1 ? bf16_lo(q1) * rq1 : 0.f, v1 ? bf16_hi(q1) * rq1 : 0.f}};
-    // e^(T_b - G) = e^T_b e^-G: the block's sum and G are at most 16 * 5 / ln 2 in size, so both
-    // factors and the product stay normal in fp32.
-    float ka[2][2], qa[2][2], kb[2][2], kr[2][2];
+  for (int d = 4; d < 32; d <<= 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int ch = 0; ch < 2; ++ch) {
-        const float e = ptx::exp2_ftz(G[h][ch]), e_inv = ptx::exp2_ftz(-G[h][ch]);
-        ka[h][ch] = kh[h][ch] * e, qa[h][ch] = qh[h][ch] * e, kb[h][ch] = kh[h][ch] * e_inv;
-        kr[h][ch] = kb[h][ch] * e_tot[ch];
+        const float y = __shfl_up_sync(0xffffffffu, G[h][ch], d);
+        if (lane >= d) G[h][ch] += y;
       }
-    // tf32 m16n8k8 with k-slot t = channel c, t + 4 = c + 1 (mma.cuh): A rows = tokens g, g + 8.
-    // The operands go in as fp32 bit patterns: the tensor core truncates them to tf32.
-    const uint32_t a_k[4] = {__float_as_uint(ka[0][0]), __float_as_uint(ka[1][0]), __float_as_uint(ka[0][1]), __float_as_uint(ka[1][1])};
-    const uint32_t a_q[4] = {__float_as_uint(qa[0][0]), __float_as_uint(qa[1][0]), __float_as_uint(qa[0][1]), __float_as_uint(qa[1][1])};
+  float tot[2];  // the block's sum of a (log2) at the two channels
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {  // B column g of n-tile n: token g + 8 n
-      ptx::mma_tf32_1688(Ld[n], a_k, kb[n][0], kb[n][1]);
-      ptx::mma_tf32_1688(Md[n], a_q, kb[n][0], kb[n][1]);
-    }
-    at<uint32_t>(in, ok0) = ptx::pack_f16x2(ka[0][0], ka[0][1]), at<uint32_t>(in, ok1) = ptx::pack_f16x2(ka[1][0], ka[1][1]);
-    at<uint32_t>(in, oq0) = ptx::pack_f16x2(qa[0][0], qa[0][1]), at<uint32_t>(in, oq1) = ptx::pack_f16x2(qa[1][0], qa[1][1]);
-    at<uint32_t>(in, og0) = ptx::pack_f16x2(kr[0][0], kr[0][1]), at<uint32_t>(in, og1) = ptx::pack_f16x2(kr[1][0], kr[1][1]);
+  for (int ch = 0; ch < 2; ++ch) {
+    G[1][ch] += __shfl_sync(0xffffffffu, G[0][ch], 28 + t);
+    tot[ch] = __shfl_sync(0xffffffffu, G[1][ch], 28 + t);
   }
+  if (L.g == 0) *reinterpret_cast<float2*>(R.fw(Small::kTotals) + b * kD + c) = make_float2(tot[0], tot[1]);
+  const float e_tot[2] = {ptx::exp2_ftz(tot[0]), ptx::exp2_ftz(tot[1])};
+  // [half][channel] k^, scale q^ (zero for padding tokens, whatever their rows hold)
+  const float kh[2][2] = {{z.v0 ? bf16_lo(x.k[0]) * z.rk0 : 0.f, z.v0 ? bf16_hi(x.k[0]) * z.rk0 : 0.f},
+                          {z.v1 ? bf16_lo(x.k[1]) * z.rk1 : 0.f, z.v1 ? bf16_hi(x.k[1]) * z.rk1 : 0.f}};
+  const float qh[2][2] = {{z.v0 ? bf16_lo(x.q[0]) * z.rq0 : 0.f, z.v0 ? bf16_hi(x.q[0]) * z.rq0 : 0.f},
+                          {z.v1 ? bf16_lo(x.q[1]) * z.rq1 : 0.f, z.v1 ? bf16_hi(x.q[1]) * z.rq1 : 0.f}};
+  // e^(T_b - G) = e^T_b e^-G: the block's sum and G are at most 16 * 5 / ln 2 in size, so both
+  // factors and the product stay normal in fp32.
+  float ka[2][2], qa[2][2], kb[2][2], kr[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch) {
+      const float e = ptx::exp2_ftz(G[h][ch]), e_inv = ptx::exp2_ftz(-G[h][ch]);
+      ka[h][ch] = kh[h][ch] * e, qa[h][ch] = qh[h][ch] * e, kb[h][ch] = kh[h][ch] * e_inv;
+      kr[h][ch] = kb[h][ch] * e_tot[ch];
+    }
+  // tf32 m16n8k8 with k-slot t = channel c, t + 4 = c + 1 (mma.cuh): A rows = tokens g, g + 8.
+  // The operands go in as fp32 bit patterns: the tensor core truncates them to tf32.
+  const uint32_t a_k[4] = {__float_as_uint(ka[0][0]), __float_as_uint(ka[1][0]), __float_as_uint(ka[0][1]), __float_as_uint(ka[1][1])};
+  const uint32_t a_q[4] = {__float_as_uint(qa[0][0]), __float_as_uint(qa[1][0]), __float_as_uint(qa[0][1]), __float_as_uint(qa[1][1])};
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {  // B column g of n-tile n: token g + 8 n
+    ptx::mma_tf32_1688(Ld[n], a_k, kb[n][0], kb[n][1]);
+    ptx::mma_tf32_1688(Md[n], a_q, kb[n][0], kb[n][1]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    at<uint32_t>(R.in, kInK + x.o[h]) = ptx::pack_f16x2(ka[h][0], ka[h][1]);
+    at<uint32_t>(R.in, kInQ + x.o[h]) = ptx::pack_f16x2(qa[h][0], qa[h][1]);
+    at<uint32_t>(R.in, kInG + x.o[h]) = ptx::pack_f16x2(kr[h][0], kr[h][1]);
+  }
+}
+
+// Phase 1: the elementwise pass of block L.block() over channel groups [kk0, kk1), two groups a
+// trip (their reads first); Ld, Md take the part's share of the diagonal products L_bb, M_bb (fp32
+// C fragments; n-tile = token half).
+__device__ __forceinline__ void elementwise_pass(const FusedParams& p, const PrepWarp& L, const Regions& R, int count, float neg_expA_log2e,
+                                                 int kk0, int kk1, Frag16& Ld, Frag16& Md) {
+  const int i0 = L.tok0(), i1 = i0 + 8;  // chunk rows of this lane's tokens
+  const GroupScalars z{i0 < count, i1 < count, R.f(Small::kRq)[i0], R.f(Small::kRq)[i1], R.f(Small::kRk)[i0], R.f(Small::kRk)[i1],
+                       neg_expA_log2e, ptx::kLog2e * p.lower_bound};
+  int kk = kk0;
+#pragma unroll 1
+  for (; kk + 1 < kk1; kk += 2) {
+    const GroupInputs x0 = group_inputs(L, R, kk), x1 = group_inputs(L, R, kk + 1);
+    elementwise_group(L, R, z, kk, x0, Ld, Md);
+    elementwise_group(L, R, z, kk + 1, x1, Ld, Md);
+  }
+  if (kk < kk1) elementwise_group(L, R, z, kk, group_inputs(L, R, kk), Ld, Md);
 }
 
 // The partial products of parts 1 and 2 (fused_config.h, kPartialBytes).
@@ -962,7 +989,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       named_arrive(kInputsBarrier, kThreads);
       beta = beta_bits(p, it, head_beta, c + 1, threadIdx.x);
       Frag16 Ld = {}, Md = {};
-      elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
+      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
       operands_ready(c);
       // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
@@ -983,7 +1010,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       Frag16 Ld = {}, Md = {};
       const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
-      elementwise_pass<2>(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
+      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       const MathLane ML = M.laundered();
       StepOperands o;
