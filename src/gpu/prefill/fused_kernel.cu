@@ -437,30 +437,40 @@ __device__ __forceinline__ void operand_tiles(const PrepWarp& L, const Regions& 
   const uint32_t dst_t = tile_offset(16 * kt0 + 8 * (m >> 1) + i, kBlock * b + 8 * (m & 1), kC);
   static_assert(tile_offset(8, 16, kD) - tile_offset(8, 0, kD) == 256 && tile_offset(16 + 3, 8, kC) - tile_offset(3, 8, kC) == 2048,
                 "a k-tile's step in the wgmma tiles");
-  auto scale = [](uint32_t (&r)[4], const float* f) {  // r[m] *= f at channels 8 (m >> 1) + 2t, + 1 of the slab
+  // Every read first, then the products and the stores: the stores go to other tiles, but ptxas
+  // kept each k-tile's reads behind the previous k-tile's stores (one dependent chain of ldmatrix,
+  // HMUL2 and stmatrix a k-tile).
+  auto factors = [](float2 (&e)[2], const float* f) {  // at channels 8 hh + 2t, + 1 of the slab
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float2 e = *reinterpret_cast<const float2*>(f + 8 * hh);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) r[2 * hh + h] = scaled_f16x2(r[2 * hh + h], e);
-    }
+    for (int hh = 0; hh < 2; ++hh) e[hh] = *reinterpret_cast<const float2*>(f + 8 * hh);
   };
+  auto scale = [](uint32_t (&r)[4], const float2 (&e)[2]) {  // r[m] *= e[m >> 1]
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) r[2 * hh + h] = scaled_f16x2(r[2 * hh + h], e[hh]);
+  };
+  uint32_t r[4][4];
+  float2 e[4][2];
+  const uint32_t first = kKt ? kInK : kInQ;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) ptx::ldmatrix_x4(ptx::smem_addr(R.in + first + src.at(u)), r[u]), factors(e[u], eR + 16 * u);
+  if constexpr (!kKt) {
+    uint32_t rg[4][4];
+    float2 eg[4][2];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + src.at(u)), rg[u]), factors(eg[u], eKr + 16 * u);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      scale(rg[u], eg[u]);
+      // Transposed: column i of matrix m (channel 16 kt + 8 (m >> 1) + i) as 8 tokens from 16 b + 8 (m & 1).
+      ptx::stmatrix_x4_trans(ptx::smem_addr(R.krt + dst_t + 2048 * u), rg[u]);
+    }
+  }
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    uint32_t r[4];
-    if constexpr (kKt) {
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInK + src.at(u)), r);
-      scale(r, eR + 16 * u);
-      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kKt + dst + 256 * u), r);
-    } else {
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInQ + src.at(u)), r);
-      scale(r, eR + 16 * u);
-      ptx::stmatrix_x4(ptx::smem_addr(R.op + OpStage::kQt + dst + 256 * u), r);
-      ptx::ldmatrix_x4(ptx::smem_addr(R.in + kInG + src.at(u)), r);
-      scale(r, eKr + 16 * u);
-      // Transposed: column i of matrix m (channel 16 kt + 8 (m >> 1) + i) as 8 tokens from 16 b + 8 (m & 1).
-      ptx::stmatrix_x4_trans(ptx::smem_addr(R.krt + dst_t + 2048 * u), r);
-    }
+    scale(r[u], e[u]);
+    ptx::stmatrix_x4(ptx::smem_addr(R.op + (kKt ? OpStage::kKt : OpStage::kQt) + dst + 256 * u), r[u]);
   }
 }
 
