@@ -566,60 +566,82 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
     a[0] = __float_as_uint(blk[g * kBlockStride + 8 * kt + t]), a[1] = __float_as_uint(blk[(g + 8) * kBlockStride + 8 * kt + t]);
     a[2] = __float_as_uint(blk[g * kBlockStride + 8 * kt + t + 4]), a[3] = __float_as_uint(blk[(g + 8) * kBlockStride + 8 * kt + t + 4]);
   };
-  auto product = [&](const float* A, const float* B, Frag16& c) {  // c += A B, 16 x 16 x 16 in tf32
+  using AFrags = uint32_t[2][4];  // a 16 x 16 A operand: [k-tile][4]
+  auto a_frags = [&](const float* A, AFrags& a) {
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-      uint32_t a[4];
-      a_frag(A, kt, a);
+    for (int kt = 0; kt < 2; ++kt) a_frag(A, kt, a[kt]);
+  };
+  auto product_a = [&](const AFrags& a, const float* B, Frag16& c) {  // c += A B, 16 x 16 x 16 in tf32
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
 #pragma unroll
       for (int n = 0; n < 2; ++n)
-        ptx::mma_tf32_1688(c[n], a, B[(8 * kt + t) * kBlockStride + 8 * n + g], B[(8 * kt + t + 4) * kBlockStride + 8 * n + g]);
-    }
+        ptx::mma_tf32_1688(c[n], a[kt], B[(8 * kt + t) * kBlockStride + 8 * n + g], B[(8 * kt + t + 4) * kBlockStride + 8 * n + g]);
   };
-  auto put_w = [&](const Frag16& x, int b, int j, float sign) {  // W_bj = sign X_bj Diag(beta_j)
+  auto product = [&](const float* A, const float* B, Frag16& c) {
+    AFrags a;
+    a_frags(A, a);
+    product_a(a, B, c);
+  };
+  // Every shared-memory read a warp can make before its first store is made first: ptxas kept
+  // reads behind earlier stores (the beta pairs of W's columns, the second diagonal block), one
+  // dependent load, multiply and store at a time.
+  using BetaPairs = float2[2];  // beta at columns 8 n + 2t, + 1 of a block, [n]
+  auto beta_pairs = [&](int j, BetaPairs& bp) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) bp[n] = *reinterpret_cast<const float2*>(beta + kBlock * j + 8 * n + 2 * t);
+  };
+  auto put_w = [&](const Frag16& x, int b, int j, const BetaPairs& bp, float sign) {  // W_bj = sign X_bj Diag(beta_j)
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = g + 8 * h, col = 8 * n + 2 * t;
-        const float b0 = sign * beta[kBlock * j + col], b1 = sign * beta[kBlock * j + col + 1];
         at<uint32_t>(R.op, OpStage::kW + tile_offset(kBlock * b + row, kBlock * j + col, kC)) =
-            ptx::pack_f16x2(x[n][2 * h] * b0, x[n][2 * h + 1] * b1);
+            ptx::pack_f16x2(x[n][2 * h] * (sign * bp[n].x), x[n][2 * h + 1] * (sign * bp[n].y));
       }
   };
+  const int b3 = 2 + w / 2, j3 = w % 2;  // the block of levels 2 and 3
+  BetaPairs beta3;
+  beta_pairs(j3, beta3);
   if (w & 1) {  // level 1
     const int b = w, j = w - 1;
+    BetaPairs bp;
+    beta_pairs(j, bp);
+    AFrags xbb;
+    a_frags(R.x(b, b), xbb);
     Frag16 y = {};
     product(R.l(b, j), R.x(j, j), y);
     put_block(R.x(b, j), L, y, false, 1.f);  // as the B operand of X_bb y
     __syncwarp();
     Frag16 x = {};
-    product(R.x(b, b), R.x(b, j), x);
+    product_a(xbb, R.x(b, j), x);
     __syncwarp();
     put_block(R.x(b, j), L, x, false, -1.f);
-    put_w(x, b, j, -1.f);
+    put_w(x, b, j, bp, -1.f);
   } else {
+    Frag16 x[2];
+    BetaPairs bp[2];
 #pragma unroll
     for (int d = 0; d < 2; ++d) {  // W_bb for b = w, w + 1
-      const int b = w + d;
-      const float* X = R.x(b, b);
-      Frag16 x;
+      const float* X = R.x(w + d, w + d);
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x[n][e] = X[(g + 8 * (e >> 1)) * kBlockStride + 8 * n + 2 * t + (e & 1)];
-      put_w(x, b, b, 1.f);
+        for (int e = 0; e < 4; ++e) x[d][n][e] = X[(g + 8 * (e >> 1)) * kBlockStride + 8 * n + 2 * t + (e & 1)];
+      beta_pairs(w + d, bp[d]);
     }
+#pragma unroll
+    for (int d = 0; d < 2; ++d) put_w(x[d], w + d, w + d, bp[d], 1.f);
   }
   named_sync(kPrepBarrier, kPrepThreads);  // X_10, X_32
-  const int b = 2 + w / 2, j = w % 2;
   Frag16 z = {};
-  for (int m = j; m < 2; ++m) product(R.l(b, m), R.x(m, j), z);
-  put_block(R.z(b, j), L, z, false, 1.f);
+  for (int m = j3; m < 2; ++m) product(R.l(b3, m), R.x(m, j3), z);
+  put_block(R.z(b3, j3), L, z, false, 1.f);
   named_sync(kPrepBarrier, kPrepThreads);  // Z
   Frag16 x = {};
-  for (int m = 2; m <= b; ++m) product(R.x(b, m), R.z(m, j), x);
-  put_w(x, b, j, -1.f);
+  for (int m = 2; m <= b3; ++m) product(R.x(b3, m), R.z(m, j3), x);
+  put_w(x, b3, j3, beta3, -1.f);
 }
 
 // The thread of a math warpgroup that stored its box of the previous chunk's out rows (step)
