@@ -196,7 +196,6 @@ __device__ __forceinline__ uint32_t beta_bits(const FusedParams& p, const Item& 
 __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& it, int c, uint32_t beta, const PrepWarp& L, const Regions& R) {
   const int count = it.count(c);
   const uint32_t tid = 32 * L.warp + L.lane;
-  if (tid < kC) R.fw(Small::kBeta)[tid] = tid < static_cast<uint32_t>(count) ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * __uint_as_float(beta << 16))) : 0.f;
   const uint32_t tok = tid / 2, box = tid % 2;
   // The 16-byte chunks in the order (j ^ tok ^ 4 box) % 8: a quarter warp (tokens 4i .. 4i + 3,
   // both boxes) reads eight different bank groups each load.
@@ -219,6 +218,8 @@ __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& 
     n[x] = (sq[x][0] + sq[x][1]) + (sq[x][2] + sq[x][3]);
     n[x] += __shfl_xor_sync(0xffffffffu, n[x], 1);
   }
+  // Stored after the loads above: ptxas keeps loads behind an earlier store.
+  if (tid < kC) R.fw(Small::kBeta)[tid] = tid < static_cast<uint32_t>(count) ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * __uint_as_float(beta << 16))) : 0.f;
   // q^'s scale folded in; padding tokens are zeroed where their products are formed
   if (box == 0) {
     R.fw(Small::kRq)[tok] = p.scale * rsqrtf(n[0] + 1e-6f);
