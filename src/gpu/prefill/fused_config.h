@@ -70,13 +70,15 @@ constexpr uint32_t kBlockTileBytes = kBlock * kBlockStride * 4;
 __host__ __device__ constexpr uint32_t lower_block(int a, int b) { return static_cast<uint32_t>(a * (a + 1) / 2 + b) * kBlockTileBytes; }
 static_assert(lower_block(kBlocks - 1, kBlocks - 1) + kBlockTileBytes <= kSwizzledTileBytes, "L or X blocks fit a tile");
 
-// The operand stage (prep -> step): the chunk's fp16 wgmma B tiles.
+// The operand stage (prep -> step): the chunk's fp16 wgmma B tiles. M is last, so that Kr^T after
+// the stage continues its rows at the same stride: one [192][64] B tile, the step's M U and
+// the state's update in one m64n192 wgmma a k-step (both have A = U^T).
 struct OpStage {
   static constexpr uint32_t kKt = 0;                                    // k^ e^G [64 tokens][128 channels]
   static constexpr uint32_t kQt = kKt + kC * kD * 2;                     // scale q^ e^G [64][128]
-  static constexpr uint32_t kM = kQt + kC * kD * 2;                      // M [64 i][64 j]
-  static constexpr uint32_t kW = kM + kC * kC * 2;                       // W = (I + L)^-1 Diag(beta) [64 i][64 j]
-  static constexpr uint32_t kBytes = kW + kC * kC * 2;
+  static constexpr uint32_t kW = kQt + kC * kD * 2;                      // W = (I + L)^-1 Diag(beta) [64 i][64 j]
+  static constexpr uint32_t kM = kW + kC * kC * 2;                       // M [64 i][64 j]
+  static constexpr uint32_t kBytes = kM + kC * kC * 2;
 };
 static_assert(OpStage::kBytes % 1024 == 0, "the regions after it stay 1024-byte aligned");
 
@@ -119,6 +121,7 @@ constexpr int64_t kMaxLongestFirstSeqs = 64;
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
 constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
+static_assert(OpStage::kM + tile_offset(kC, 0, kC) == OpStage::kBytes, "Kr^T's rows continue M's (kSmemKrT right after the stage)");
 constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;
 constexpr uint32_t kSmemZ = kSmemL + kLBlocksBytes;
 constexpr uint32_t kSmemSmall = kSmemZ + kZBlocksBytes;

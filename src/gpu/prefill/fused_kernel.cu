@@ -13,8 +13,7 @@
 //   Y^T = V^T - S^T Kt^T          m64n64, the accumulator set to V^T: 8 wgmma with A negated
 //   P^T = S^T Qt^T                8 wgmma, beside Y's
 //   U^T = Y^T W^T                 4 wgmma (Y^T rounded to fp16 as A: |Y^| <= 8 + 8 sqrt(128))
-//   P^T += U^T M^T                4 wgmma: O^T = P^T 2^e_v
-//   S^T = S^T D + U^T Kr          4 wgmma m64n128k16
+//   [P^T | S^T] += U^T [M^T | Kr]  4 wgmma m64n192k16 (S^T D first): O^T = P^T 2^e_v
 //
 // A chunk's prep, in phases between block-wide barriers (warp w: token block b = w % 4, channel
 // part w / 4; lane (g, t) tokens g, g + 8 of the block at channels 8 kk + 2t, + 1: the fragment
@@ -45,6 +44,7 @@
 #include "gpu/ptx/mma.cuh"
 #include "gpu/ptx/movmatrix.cuh"
 #include "gpu/ptx/wgmma_f16.cuh"
+#include "gpu/ptx/wgmma_f16_pair.cuh"
 
 namespace flashkda::gpu {
 namespace {
@@ -849,8 +849,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   uint8_t* op = R.op;
   const uint64_t d_kt = ptx::smem_matrix_desc(op + OpStage::kKt, 128, tile_stride_bytes(kD));
   const uint64_t d_qt = ptx::smem_matrix_desc(op + OpStage::kQt, 128, tile_stride_bytes(kD));
-  const uint64_t d_kr = ptx::smem_matrix_desc(R.krt, 128, tile_stride_bytes(kC));
-  const uint64_t d_m = ptx::smem_matrix_desc(op + OpStage::kM, 128, tile_stride_bytes(kC));
+  const uint64_t d_mkr = ptx::smem_matrix_desc(op + OpStage::kM, 128, tile_stride_bytes(kC));  // M then Kr^T: one [192][64] B tile
   const uint64_t d_w = ptx::smem_matrix_desc(op + OpStage::kW, 128, tile_stride_bytes(kC));
   float u[32], pacc[32];
   FUSED_MARK(c, 11);
@@ -864,6 +863,13 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
   ptx::wgmma_commit();
+  // The decay while Y and P run: their A is S^T's fp16 copy, so S^T itself is free.
+  const float* decay = R.f(Small::kDecay);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
+    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+  }
   ptx::wgmma_wait<1>();
   ptx::fence_operands(y);
   FUSED_MARK(c, 12);
@@ -882,21 +888,11 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
   ptx::fence_operands(ua);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<64>(pacc, ua[ks], ptx::smem_matrix_desc_advance(d_m, 256 * ks), true);
-  ptx::wgmma_commit();
-  // The decay while M U runs (S^T is none of its operands), then the update.
-  const float* decay = R.f(Small::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
   ptx::fence_operands(s);
   ptx::wgmma_fence();
+  // O's M U and the state's update share A = U^T: one m64n192 a k-step.
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16<128>(s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks), true);
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(pacc, s, ua[ks], ptx::smem_matrix_desc_advance(d_mkr, 256 * ks), false);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
