@@ -892,7 +892,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::wgmma_fence();
   // O's M U and the state's update share A = U^T: one m64n192 a k-step.
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(pacc, s, ua[ks], ptx::smem_matrix_desc_advance(d_mkr, 256 * ks), false);
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(pacc, s, ua[ks], ptx::smem_matrix_desc_advance(d_mkr, 256 * ks));
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_operands(s);
