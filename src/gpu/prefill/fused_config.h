@@ -91,7 +91,7 @@ static_assert(kPartialBytes <= kKrTBytes, "the partials fit Kr^T's place");
 
 // Small per-item and per-chunk arrays after the stages.
 struct Small {
-  static constexpr uint32_t kDtBias = 0;                   // [128] fp32, the head's gate bias
+  static constexpr uint32_t kDtBias = 0;                   // [128] fp32, the head's gate bias times -exp(A_log) log2(e)
   static constexpr uint32_t kBeta = kDtBias + kD * 4;      // [64] sigmoid(beta), 0 past the chunk's tokens
   static constexpr uint32_t kRq = kBeta + kC * 4;          // [64] scale / ||q||
   static constexpr uint32_t kRk = kRq + kC * 4;            // [64] 1 / ||k||

@@ -262,8 +262,9 @@ __device__ __forceinline__ void elementwise_group(const PrepWarp& L, const Regio
                                                   Frag16& Ld, Frag16& Md) {
   const int b = L.block(), lane = L.lane, t = L.t;
   const int c = 8 * kk + 2 * t;
-  auto gate = [&](float v, float bias, bool valid) {  // a log2(e): lower_bound sigmoid(exp(A_log) (v + bias))
-    return valid ? z.lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(z.neg_expA_log2e * (v + bias))) : 0.0f;
+  // a log2(e): lower_bound sigmoid(exp(A_log) (v + dt_bias)), `bias` the table's -exp(A_log) log2(e) dt_bias
+  auto gate = [&](float v, float bias, bool valid) {
+    return valid ? z.lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(fmaf(z.neg_expA_log2e, v, bias))) : 0.0f;
   };
   // [token half][channel]: inclusive scan over the 8 lanes g of a quad column, then half 1 adds half 0's sum.
   float G[2][2] = {{gate(bf16_lo(x.g[0]), x.bias.x, z.v0), gate(bf16_hi(x.g[0]), x.bias.y, z.v0)},
@@ -990,7 +991,9 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     for (int c = 0; c < chunks && c < kInStages; ++c) load_qkg(p, it, c, in_stages, bars);
     if (chunks > 0) load_v(p, it, 0, in_stages, bars);
   }
-  if (threadIdx.x < kD) reinterpret_cast<float*>(small + Small::kDtBias)[threadIdx.x] = p.dt_bias[it.head * kD + threadIdx.x];
+  const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
+  // The gate's bias times the gate's factor: one FFMA a gate where an add and a multiply were.
+  if (threadIdx.x < kD) reinterpret_cast<float*>(small + Small::kDtBias)[threadIdx.x] = neg_expA_log2e * p.dt_bias[it.head * kD + threadIdx.x];
   // M's and W's blocks above the diagonal: zero once (nothing writes them).
   for (int i = static_cast<int>(threadIdx.x); i < kC * kC / 2; i += kThreads) {
     const int r = i / (kC / 2), col = 2 * (i % (kC / 2));
@@ -1002,7 +1005,6 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
   __syncthreads();
 
   const PrepWarp L0 = PrepWarp::of_thread();
-  const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
   if (threadIdx.x < kPrepThreads) {
     set_max_registers_dec<kPrepRegs>();
     const uint16_t* head_beta = it.len > 0 ? p.beta.row(it.bos, it.head) : nullptr;
