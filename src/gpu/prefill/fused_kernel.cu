@@ -188,6 +188,23 @@ __device__ __forceinline__ uint32_t beta_bits(const FusedParams& p, const Item& 
   return head_beta[(int64_t{kC} * c + tid) * p.beta.token];
 }
 
+// A partial chunk's rows past its tokens (the next sequence's, or the copy engine's zero fill):
+// q and k to 0, g to -inf (prep warpgroup, before phase 0). Then a padding token's norms are finite
+// and every product of it is 0, and its gate is exactly 0 (sigmoid(-exp(A_log) (-inf + dt_bias)):
+// ex2(+inf) = inf, rcp(inf) = 0), so the elementwise pass needs no test a token.
+__device__ __forceinline__ void clear_padding_rows(const Regions& R, int count) {
+  const uint32_t chunks = static_cast<uint32_t>(kC - count) * 16;  // 16-byte chunks: 8 a row of a box, two boxes
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u), neg_inf = make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
+#pragma unroll 1
+#pragma unroll 1
+  for (uint32_t i = threadIdx.x; i < chunks; i += kPrepThreads) {
+    const uint32_t row = static_cast<uint32_t>(count) + i / 16, box = (i / 8) % 2;
+    const uint32_t off = box * kBoxBytes + row * 128 + (i % 8) * 16;  // all of the row's chunks, whatever the swizzle
+    at<uint4>(R.in, kInQ + off) = zero, at<uint4>(R.in, kInK + off) = zero, at<uint4>(R.in, kInG + off) = neg_inf;
+  }
+  named_sync(kPrepBarrier, kPrepThreads);  // before phase 0 reads the rows
+}
+
 // Phase 0 (prep warpgroup): sigmoid(beta) of the chunk's tokens (`beta` from beta_bits, a chunk
 // ahead) and scale / ||q||, 1 / ||k||. Thread (token tid / 2, box tid % 2) sums the squares of
 // its token's 64 channels in that box from 16-byte loads on the FMA pipe, the boxes' sums joined
@@ -253,8 +270,7 @@ __device__ __forceinline__ GroupInputs group_inputs(const PrepWarp& L, const Reg
 
 // Phase 1 on one channel group kk from its inputs: the gate and its scan, the block sums, the fp16
 // products over the inputs, the part's share of the diagonal products (Ld, Md).
-struct GroupScalars {  // per lane, constant over a chunk's groups
-  bool v0, v1;                    // the lane's tokens inside the chunk
+struct GroupScalars {  // per lane, constant over a chunk's groups (padding tokens: clear_padding_rows)
   float rq0, rq1, rk0, rk1;       // scale / ||q||, 1 / ||k|| of the two tokens
   float neg_expA_log2e, lb_log2e;
 };
@@ -263,12 +279,12 @@ __device__ __forceinline__ void elementwise_group(const PrepWarp& L, const Regio
   const int b = L.block(), lane = L.lane, t = L.t;
   const int c = 8 * kk + 2 * t;
   // a log2(e): lower_bound sigmoid(exp(A_log) (v + dt_bias)), `bias` the table's -exp(A_log) log2(e) dt_bias
-  auto gate = [&](float v, float bias, bool valid) {
-    return valid ? z.lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(fmaf(z.neg_expA_log2e, v, bias))) : 0.0f;
+  auto gate = [&](float v, float bias) {
+    return z.lb_log2e * ptx::rcp_ftz(1.0f + ptx::exp2_ftz(fmaf(z.neg_expA_log2e, v, bias)));
   };
   // [token half][channel]: inclusive scan over the 8 lanes g of a quad column, then half 1 adds half 0's sum.
-  float G[2][2] = {{gate(bf16_lo(x.g[0]), x.bias.x, z.v0), gate(bf16_hi(x.g[0]), x.bias.y, z.v0)},
-                   {gate(bf16_lo(x.g[1]), x.bias.x, z.v1), gate(bf16_hi(x.g[1]), x.bias.y, z.v1)}};
+  float G[2][2] = {{gate(bf16_lo(x.g[0]), x.bias.x), gate(bf16_hi(x.g[0]), x.bias.y)},
+                   {gate(bf16_lo(x.g[1]), x.bias.x), gate(bf16_hi(x.g[1]), x.bias.y)}};
 #pragma unroll
   for (int d = 4; d < 32; d <<= 1)
 #pragma unroll
@@ -286,11 +302,9 @@ __device__ __forceinline__ void elementwise_group(const PrepWarp& L, const Regio
   }
   if (L.g == 0) *reinterpret_cast<float2*>(R.fw(Small::kTotals) + b * kD + c) = make_float2(tot[0], tot[1]);
   const float e_tot[2] = {ptx::exp2_ftz(tot[0]), ptx::exp2_ftz(tot[1])};
-  // [half][channel] k^, scale q^ (zero for padding tokens, whatever their rows hold)
-  const float kh[2][2] = {{z.v0 ? bf16_lo(x.k[0]) * z.rk0 : 0.f, z.v0 ? bf16_hi(x.k[0]) * z.rk0 : 0.f},
-                          {z.v1 ? bf16_lo(x.k[1]) * z.rk1 : 0.f, z.v1 ? bf16_hi(x.k[1]) * z.rk1 : 0.f}};
-  const float qh[2][2] = {{z.v0 ? bf16_lo(x.q[0]) * z.rq0 : 0.f, z.v0 ? bf16_hi(x.q[0]) * z.rq0 : 0.f},
-                          {z.v1 ? bf16_lo(x.q[1]) * z.rq1 : 0.f, z.v1 ? bf16_hi(x.q[1]) * z.rq1 : 0.f}};
+  // [half][channel] k^, scale q^ (zero for padding tokens: their rows are cleared)
+  const float kh[2][2] = {{bf16_lo(x.k[0]) * z.rk0, bf16_hi(x.k[0]) * z.rk0}, {bf16_lo(x.k[1]) * z.rk1, bf16_hi(x.k[1]) * z.rk1}};
+  const float qh[2][2] = {{bf16_lo(x.q[0]) * z.rq0, bf16_hi(x.q[0]) * z.rq0}, {bf16_lo(x.q[1]) * z.rq1, bf16_hi(x.q[1]) * z.rq1}};
   // e^(T_b - G) = e^T_b e^-G: the block's sum and G are at most 16 * 5 / ln 2 in size, so both
   // factors and the product stay normal in fp32.
   float ka[2][2], qa[2][2], kb[2][2], kr[2][2];
@@ -322,10 +336,10 @@ __device__ __forceinline__ void elementwise_group(const PrepWarp& L, const Regio
 // Phase 1: the elementwise pass of block L.block() over channel groups [kk0, kk1), two groups a
 // trip (their reads first); Ld, Md take the part's share of the diagonal products L_bb, M_bb (fp32
 // C fragments; n-tile = token half).
-__device__ __forceinline__ void elementwise_pass(const FusedParams& p, const PrepWarp& L, const Regions& R, int count, float neg_expA_log2e,
+__device__ __forceinline__ void elementwise_pass(const FusedParams& p, const PrepWarp& L, const Regions& R, float neg_expA_log2e,
                                                  int kk0, int kk1, Frag16& Ld, Frag16& Md) {
   const int i0 = L.tok0(), i1 = i0 + 8;  // chunk rows of this lane's tokens
-  const GroupScalars z{i0 < count, i1 < count, R.f(Small::kRq)[i0], R.f(Small::kRq)[i1], R.f(Small::kRk)[i0], R.f(Small::kRk)[i1],
+  const GroupScalars z{R.f(Small::kRq)[i0], R.f(Small::kRq)[i1], R.f(Small::kRk)[i0], R.f(Small::kRk)[i1],
                        neg_expA_log2e, ptx::kLog2e * p.lower_bound};
   int kk = kk0;
 #pragma unroll 1
@@ -864,13 +878,6 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
   ptx::wgmma_commit();
-  // The decay while Y and P run: their A is S^T's fp16 copy, so S^T itself is free.
-  const float* decay = R.f(Small::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
   ptx::wgmma_wait<1>();
   ptx::fence_operands(y);
   FUSED_MARK(c, 12);
@@ -888,6 +895,13 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 
   uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
+  // The decay, before S^T goes back into an accumulator (beside Y and P, or beside U, ptxas spilled).
+  const float* decay = R.f(Small::kDecay);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
+    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+  }
   ptx::fence_operands(ua);
   ptx::fence_operands(s);
   ptx::wgmma_fence();
@@ -1015,12 +1029,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       FUSED_MARK(c, 0);
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       FUSED_MARK(c, 1);
+      if (it.count(c) < kC) clear_padding_rows(R, it.count(c));
       chunk_scalars(p, it, c, beta, L, R);
       FUSED_MARK(c, 2);
       named_arrive(kInputsBarrier, kThreads);
       beta = beta_bits(p, it, head_beta, c + 1, threadIdx.x);
       Frag16 Ld = {}, Md = {};
-      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, 0, p.split[0], Ld, Md);
+      elementwise_pass(p, L, R, neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
       operands_ready(c);
       // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
@@ -1041,7 +1056,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
       Frag16 Ld = {}, Md = {};
       const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
-      elementwise_pass(p, L, R, it.count(c), neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
+      elementwise_pass(p, L, R, neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       const MathLane ML = M.laundered();
       StepOperands o;
