@@ -256,10 +256,29 @@ struct GroupInputs {
   float2 bias;
   uint32_t o[2];  // byte offsets of the lane's pair in a tile, [token half]
 };
-__device__ __forceinline__ GroupInputs group_inputs(const PrepWarp& L, const Regions& R, int kk) {
+// A lane's pair in a swizzled tile at channel group kk: its row's 16-byte chunk kk % 8 lies at
+// (kk % 8) ^ (tok % 8), so the offset is a per-lane base XOR 16 (kk % 8), plus the box (kk / 8);
+// token tok + 8 is 1024 bytes on (the general swizzled_offset took ~12 instructions a group).
+struct GroupRows {
+  uint32_t base;  // swizzled_offset(tok, 2t) with the chunk bits set to tok % 8
+  __host__ __device__ constexpr GroupRows(uint32_t tok, uint32_t t) : base(tok * 128 + (tok % 8) * 16 + 4 * t) {}
+  __host__ __device__ constexpr uint32_t at(uint32_t kk) const { return (base ^ ((kk % 8) * 16)) + (kk / 8) * kBoxBytes; }
+};
+constexpr bool group_rows_agree() {  // every lane's first token (16 b + g), both token halves, every t and group
+  for (uint32_t b = 0; b < kBlocks; ++b)
+    for (uint32_t g = 0; g < 8; ++g)
+      for (uint32_t t = 0; t < 4; ++t)
+        for (uint32_t kk = 0; kk < kChannelGroups; ++kk) {
+          const uint32_t tok = kBlock * b + g, o = GroupRows(tok, t).at(kk);
+          if (o != swizzled_offset(tok, 8 * kk + 2 * t) || o + 8 * 128 != swizzled_offset(tok + 8, 8 * kk + 2 * t)) return false;
+        }
+  return true;
+}
+static_assert(group_rows_agree(), "GroupRows agrees with swizzled_offset");
+__device__ __forceinline__ GroupInputs group_inputs(const PrepWarp& L, const Regions& R, const GroupRows& rows, int kk) {
   GroupInputs x;
   const int c = 8 * kk + 2 * L.t;
-  x.o[0] = swizzled_offset(L.tok0(), c), x.o[1] = swizzled_offset(L.tok0() + 8, c);
+  x.o[0] = rows.at(static_cast<uint32_t>(kk)), x.o[1] = x.o[0] + 8 * 128;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     x.q[h] = at<uint32_t>(R.in, kInQ + x.o[h]), x.k[h] = at<uint32_t>(R.in, kInK + x.o[h]), x.g[h] = at<uint32_t>(R.in, kInG + x.o[h]);
@@ -341,14 +360,15 @@ __device__ __forceinline__ void elementwise_pass(const FusedParams& p, const Pre
   const int i0 = L.tok0(), i1 = i0 + 8;  // chunk rows of this lane's tokens
   const GroupScalars z{R.f(Small::kRq)[i0], R.f(Small::kRq)[i1], R.f(Small::kRk)[i0], R.f(Small::kRk)[i1],
                        neg_expA_log2e, ptx::kLog2e * p.lower_bound};
+  const GroupRows rows(static_cast<uint32_t>(i0), static_cast<uint32_t>(L.t));
   int kk = kk0;
 #pragma unroll 1
   for (; kk + 1 < kk1; kk += 2) {
-    const GroupInputs x0 = group_inputs(L, R, kk), x1 = group_inputs(L, R, kk + 1);
+    const GroupInputs x0 = group_inputs(L, R, rows, kk), x1 = group_inputs(L, R, rows, kk + 1);
     elementwise_group(L, R, z, kk, x0, Ld, Md);
     elementwise_group(L, R, z, kk + 1, x1, Ld, Md);
   }
-  if (kk < kk1) elementwise_group(L, R, z, kk, group_inputs(L, R, kk), Ld, Md);
+  if (kk < kk1) elementwise_group(L, R, z, kk, group_inputs(L, R, rows, kk), Ld, Md);
 }
 
 // The partial products of parts 1 and 2 (fused_config.h, kPartialBytes).
