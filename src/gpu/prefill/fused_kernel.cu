@@ -196,7 +196,6 @@ __device__ __forceinline__ void clear_padding_rows(const Regions& R, int count) 
   const uint32_t chunks = static_cast<uint32_t>(kC - count) * 16;  // 16-byte chunks: 8 a row of a box, two boxes
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u), neg_inf = make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
 #pragma unroll 1
-#pragma unroll 1
   for (uint32_t i = threadIdx.x; i < chunks; i += kPrepThreads) {
     const uint32_t row = static_cast<uint32_t>(count) + i / 16, box = (i / 8) % 2;
     const uint32_t off = box * kBoxBytes + row * 128 + (i % 8) * 16;  // all of the row's chunks, whatever the swizzle
@@ -237,7 +236,7 @@ __device__ __forceinline__ void chunk_scalars(const FusedParams& p, const Item& 
   }
   // Stored after the loads above: ptxas keeps loads behind an earlier store.
   if (tid < kC) R.fw(Small::kBeta)[tid] = tid < static_cast<uint32_t>(count) ? ptx::rcp_ftz(1.0f + ptx::exp2_ftz(-ptx::kLog2e * __uint_as_float(beta << 16))) : 0.f;
-  // q^'s scale folded in; padding tokens are zeroed where their products are formed
+  // q^'s scale folded in; a padding token's rows are cleared (clear_padding_rows): finite norms
   if (box == 0) {
     R.fw(Small::kRq)[tok] = p.scale * rsqrtf(n[0] + 1e-6f);
     R.fw(Small::kRk)[tok] = rsqrtf(n[1] + 1e-6f);
