@@ -40,6 +40,10 @@ costs rel ~1.65e-3 by itself, so the bar leaves ~2.5e-3 in quadrature for the ke
   the kernel since 4d10dfa; f16-yform's single rounding: 1.88-1.90e-3), 1.96-1.97e-3 with the factor
   in fp16 (f16-yform-tiles-f16: a packed HMUL2 instead of two conversions, two multiplies and a
   pack a pair), seeds 1 and 2: the fp16 factor costs ~2% of the error, 1.5x under the bar.
+- Each block's scan of the gate on the tensor core (f16-yform-tiles-f16-scan-tc: a = hi + lo in
+  tf32 times a triangle of ones, fp32 accumulate; the kernel's scan is 16 shuffles and 14 adds a
+  channel group): 1.96e-3 / 1.98e-3 at worst (seeds 1 / 2) against 1.96e-3 / 1.97e-3, every case
+  the same to three digits.
 """
 import argparse
 import os
@@ -77,6 +81,12 @@ VARIANTS = {
                                 wv="scaled", form="y", y="fp16", tiles="f32-factor"),
     "f16-yform-tiles-f16": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
                                 wv="scaled", form="y", y="fp16", tiles="f16-factor"),
+    # f16-yform-tiles-f16 with each 16-token block's inclusive scan of the gate on the tensor core:
+    # a split a = hi + lo (hi = a truncated to tf32, lo = a - hi, truncated again by the mma), each
+    # half times a lower-triangular block of ones (tf32 m16n8k8, fp32 accumulate), instead of the
+    # fp32 shuffle scan; the blocks' offsets R_b stay fp32 sums of the block totals
+    "f16-yform-tiles-f16-scan-tc": dict(ALL16, diag="tf32t", offdiag="fp16", w="fp16", s="fp16s", u="fp16s",
+                                        wv="scaled", form="y", y="fp16", tiles="f16-factor", scan="tc-split"),
     "bf16-s-f16-rest": dict(ALL16, diag="tf32", offdiag="fp16", w="fp16", s="bf16", u="bf16"),
     "tf32-ref": dict(diag="tf32", offdiag="tf32", w="tf32", wv="plain", s="tf32", u="tf32",
                      wk="tf32", qt="tf32", kr="tf32", mu="tf32"),
@@ -160,13 +170,31 @@ def blocked_LM(kh, xq, G, b, C, R, v):
     return np.tril(b[:, None] * L, -1), np.tril(M)
 
 
+def tensor_core_scan(a, block=16):
+    """G = cumsum(a) as the kernel would form it on the tensor core: in each block, the inclusive
+    scan of hi = tf32(a) plus that of lo = tf32(a - hi) (a lower-triangular matrix of ones times
+    each, fp32 accumulate), the block's start R_b added in fp32."""
+    hi = tf32_trunc(a)
+    lo = tf32_trunc((a - hi).astype(f))
+    tri = np.tril(np.ones((block, block), f))
+    G = np.empty_like(a)
+    start = np.zeros(a.shape[1:], f)
+    for b0 in range(0, a.shape[0], block):
+        rel = (tri @ hi[b0:b0 + block]).astype(f) + (tri @ lo[b0:b0 + block]).astype(f)
+        G[b0:b0 + block] = start + rel
+        start = (start + rel[-1]).astype(f)
+    return G
+
+
 def chunk64(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, var, C, R):
     T, K = q.shape
     scaled = var["s"] == "fp16s"
     ST = S0.astype(f).copy()  # S^T [V, K], fp32 between chunks, unscaled (power-of-two scales are exact)
     out = np.zeros((T, v.shape[1]), f)
     for c0 in range(0, T, C):
-        n, vv, b, qh, kh, G = chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C)
+        n, vv, b, qh, kh, G, a = chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C, with_a=True)
+        if var.get("scan") == "tc-split":
+            G = tensor_core_scan(a)
         before, after = block_refs(G, C)  # R_b, R_(b+1) of each token's block
         mode = var.get("tiles", "once")
         Kt = scaled_tile(kh, G - before, before, mode)  # k^ e^G

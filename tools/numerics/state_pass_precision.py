@@ -83,9 +83,9 @@ def oracle(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0):
     return out, S.T
 
 
-def chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C):
+def chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C, with_a=False):
     """The fp32 per-token part of the chunk of C tokens at c0, zero-padded past the sequence's end:
-    (n tokens, v rows, beta, q^, k^, G = cumsum of the safe gate's a)."""
+    (n tokens, v rows, beta, q^, k^, G = cumsum of the safe gate's a), and a itself with_a."""
     f = np.float32
     n = min(C, q.shape[0] - c0)
     pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:], x.dtype)]) if n < C else x
@@ -94,7 +94,8 @@ def chunk_rows(q, k, v, g, beta, A_log, dt_bias, lb, c0, C):
     b = pad(sigmoid(beta[c0:c0 + n].astype(f)))
     qh = qq / np.sqrt((qq ** 2).sum(1, keepdims=True) + f(1e-6))
     kh = kk / np.sqrt((kk ** 2).sum(1, keepdims=True) + f(1e-6))
-    return n, vv, b, qh, kh, np.cumsum(a, 0, dtype=f)
+    G = np.cumsum(a, 0, dtype=f)
+    return (n, vv, b, qh, kh, G, a) if with_a else (n, vv, b, qh, kh, G)
 
 
 def chunked(q, k, v, g, beta, A_log, dt_bias, lb, scale, S0, variant):
