@@ -61,7 +61,9 @@ struct PrefillPlan {
   bool stitch_rows_wgmma = true;
   // kFused: the elementwise pass's channel groups (of 16) taken by the prep warpgroup beside the
   // step, then by the first math warpgroup's end (FusedParams::split; FLASHKDA_FUSED_SPLIT=a:b).
-  int fused_split[2] = {6, 11};
+  // 8, 4, 4: the prep warpgroup's share runs beside the step, the math warpgroups' after it
+  // (docs/perf-notes.md, "Reads before stores": 1.4-1.6% under 6:11 at P1, P3, P6 on an H100, fc8f924).
+  int fused_split[2] = {8, 12};
   bool fused_longest_first = false;  // kFused: blocks take the sequences longest first (FusedParams)
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)

@@ -332,8 +332,8 @@ TEST(PrefillPlan, TheFusedPrefillWhenForced) {
       const PrefillPlan p = plan(lens, heads);
       EXPECT_EQ(p.pass, Pass::kFused);
       EXPECT_EQ(p.workspace_bytes(), 0u);
-      EXPECT_EQ(p.fused_split[0], 6);  // the elementwise pass's channel groups: 6, 5, 5 by default
-      EXPECT_EQ(p.fused_split[1], 11);
+      EXPECT_EQ(p.fused_split[0], 8);  // the elementwise pass's channel groups: 8, 4, 4 by default
+      EXPECT_EQ(p.fused_split[1], 12);
     }
   }
   {
