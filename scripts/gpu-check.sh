@@ -11,7 +11,7 @@
 #                the samples by code segment between barriers (scripts/ncu_stall_segments.py);
 #                STALLS="P1:prep_kernel P1:state_kernel" several (case:kernel regex) at once;
 #                STALL_SAVE=1 also writes each source page to $OUT/stalls-CASE-KERNEL.csv.gz
-#                STALL_DETAILS=1 adds the speed-of-light, compute-workload and scheduler sections (pipes, issue) to the summary
+#                STALL_DETAILS=1 adds the speed-of-light, compute-workload, scheduler and memory-workload sections (pipes, issue, shared-memory wavefronts) to the summary
 #   PREBUILT=dir  use dir/test_{prefill,decode,serving,wgmma,wgmma_step}_gpu and dir/flashkda instead of building
 #                (and dir/record_ring_probe for the ring step, dir/f16_step_probe for f16step)
 #   ring step (not a default one): the record-ring probe (tools/probes/record_ring_probe.cu) under ncu
@@ -231,7 +231,7 @@ for step in $steps; do
       for spec in ${STALLS:-${STALL_CASE:-P9}:${STALL_KERNEL:-state_persistent_kernel}}; do
         c=${spec%%:*} k=${spec#*:}
         run_step "ncu stalls $c $k" "$summary" 120 ncu --section WarpStateStats --section SourceCounters \
-          $([ "${STALL_DETAILS:-0}" = 1 ] && echo --section ComputeWorkloadAnalysis --section SchedulerStats --section SpeedOfLight) -k regex:"$k" -c 1 -f -o /tmp/stalls "$CLI_BIN" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 \
+          $([ "${STALL_DETAILS:-0}" = 1 ] && echo --section ComputeWorkloadAnalysis --section SchedulerStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables) -k regex:"$k" -c 1 -f -o /tmp/stalls "$CLI_BIN" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 \
           --json /tmp/stalls-bench.json
         ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass >/tmp/stalls-source.csv 2>&1
         # STALL_DETAILS=1: the pipes' utilization and the schedulers' issue rates as well
