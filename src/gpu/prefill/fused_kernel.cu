@@ -669,13 +669,27 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
 #pragma unroll
     for (int d = 0; d < 2; ++d) put_w(x[d], w + d, w + d, bp[d], 1.f);
   }
+  // Levels 2 and 3 as two independent products a warp, added at the end (two mma chains of two
+  // k-tiles instead of one of four, their reads all first); a warp with one term computes a second
+  // from valid blocks and drops it.
+  auto two_products = [&](const float* A0, const float* B0, const float* A1, const float* B1, bool both, Frag16& c) {
+    AFrags a0, a1;
+    a_frags(A0, a0), a_frags(A1, a1);
+    Frag16 c1 = {};
+    product_a(a0, B0, c), product_a(a1, B1, c1);
+    if (both)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[n][e] += c1[n][e];
+  };
   named_sync(kPrepBarrier, kPrepThreads);  // X_10, X_32
-  Frag16 z = {};
-  for (int m = j3; m < 2; ++m) product(R.l(b3, m), R.x(m, j3), z);
+  Frag16 z = {};  // Z_bj = L_b1 X_1j + [j = 0] L_b0 X_00
+  two_products(R.l(b3, 1), R.x(1, j3), R.l(b3, 0), R.x(0, 0), j3 == 0, z);
   put_block(R.z(b3, j3), L, z, false, 1.f);
   named_sync(kPrepBarrier, kPrepThreads);  // Z
-  Frag16 x = {};
-  for (int m = 2; m <= b3; ++m) product(R.x(b3, m), R.z(m, j3), x);
+  Frag16 x = {};  // -X_bj = X_b2 Z_2j + [b = 3] X_33 Z_3j
+  two_products(R.x(b3, 2), R.z(2, j3), R.x(3, 3), R.z(3, j3), b3 == 3, x);
   put_w(x, b3, j3, beta3, -1.f);
 }
 
