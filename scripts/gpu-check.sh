@@ -218,7 +218,7 @@ for step in $steps; do
       fi
       for c in ${FUSED_TIMING_CASES:-P4}; do
         FLASHKDA_FUSED=1 timeout 120 "$cli" bench --case "$c" --iters 1 --warmup 0 --oracle-heads 0 2>&1 |
-          grep 'fused timing' | head -3 | sed "s/^/$c: /" | tee -a "$summary"
+          grep 'fused timing' | head -15 | sed "s/^/$c: /" | tee -a "$summary"
       done
       ;;
     f16step)  # tools/probes/f16_step_probe.cu: the fp16 step against the tf32 one, time and accuracy

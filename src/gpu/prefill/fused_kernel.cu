@@ -87,9 +87,21 @@ __device__ long long g_fused_marks[3][kMarks];
   do {                                                                                            \
     if (blockIdx.x == 0 && (c) == kTimedChunk && threadIdx.x % 128 == 0) g_fused_marks[threadIdx.x / 128][i] = clock64(); \
   } while (0)
+// Per warp (lane 0 of each of the twelve), phase 4 in finer steps: 0 past the barrier that opens
+// it; prep warps 1 .. 5: before and past each of the levels' two barriers, and the end; math
+// warps 1: the operand tiles written, 2: step_operands done, 3: past the barrier that closes it.
+constexpr int kWarpMarks = 6;
+__device__ long long g_fused_warp_marks[kWarps][kWarpMarks];
+#define FUSED_WARP_MARK(c, i)                                                                     \
+  do {                                                                                            \
+    if (blockIdx.x == 0 && (c) == kTimedChunk && threadIdx.x % 32 == 0) g_fused_warp_marks[threadIdx.x / 32][i] = clock64(); \
+  } while (0)
 #else
 #define FUSED_MARK(c, i) \
   do {                   \
+  } while (0)
+#define FUSED_WARP_MARK(c, i) \
+  do {                        \
   } while (0)
 #endif
 
@@ -594,7 +606,7 @@ __device__ __forceinline__ void invert_diagonal(const PrepWarp& L, const Regions
 //   3. X_bj = -(X_b2 Z_2j + [b = 3] X_33 Z_3j), same blocks.
 // Each warp writes W = X Diag(beta) (fp16) for the blocks it computed, from registers; W's blocks
 // above the diagonal are zero from the start.
-__device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regions& R) {
+__device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regions& R, [[maybe_unused]] int c) {
   const int w = L.warp, g = L.g, t = L.t;
   const float* beta = R.f(Small::kBeta);
   auto a_frag = [&](const float* blk, int kt, uint32_t (&a)[4]) {  // rows g, g + 8; k-slots t, t + 4 of k-tile kt
@@ -683,14 +695,19 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
 #pragma unroll
         for (int e = 0; e < 4; ++e) c[n][e] += c1[n][e];
   };
+  FUSED_WARP_MARK(c, 1);
   named_sync(kPrepBarrier, kPrepThreads);  // X_10, X_32
+  FUSED_WARP_MARK(c, 2);
   Frag16 z = {};  // Z_bj = L_b1 X_1j + [j = 0] L_b0 X_00
   two_products(R.l(b3, 1), R.x(1, j3), R.l(b3, 0), R.x(0, 0), j3 == 0, z);
   put_block(R.z(b3, j3), L, z, false, 1.f);
+  FUSED_WARP_MARK(c, 3);
   named_sync(kPrepBarrier, kPrepThreads);  // Z
+  FUSED_WARP_MARK(c, 4);
   Frag16 x = {};  // -X_bj = X_b2 Z_2j + [b = 3] X_33 Z_3j
   two_products(R.x(b3, 2), R.z(2, j3), R.x(3, 3), R.z(3, j3), b3 == 3, x);
   put_w(x, b3, j3, beta3, -1.f);
+  FUSED_WARP_MARK(c, 5);
 }
 
 // The thread of a math warpgroup that stored its box of the previous chunk's out rows (step)
@@ -736,8 +753,13 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   off_diagonal_block(L, R);
   FUSED_MARK(c, 7);
   named_sync(kPhaseBarrier, kThreads);  // L's blocks, X_bb; the k products read (the k tile free for X)
-  if constexpr (kPrep) invert_below_and_w(L, R);
-  else operand_tiles<false>(L, R, tile_block, tile_box);
+  FUSED_WARP_MARK(c, 0);
+  if constexpr (kPrep) {
+    invert_below_and_w(L, R, c);
+  } else {
+    operand_tiles<false>(L, R, tile_block, tile_box);
+    FUSED_WARP_MARK(c, 1);
+  }
   FUSED_MARK(c, 8);
   ptx::fence_proxy_async_shared();  // the tiles, written by ordinary stores, read by wgmma; the
                                     // input stage's q, k, g refilled by the copy engine next
@@ -1094,7 +1116,9 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       const MathLane ML = M.laundered();
       StepOperands o;
       step_operands(it, c, ML, R, bars, S, o);
+      FUSED_WARP_MARK(c, 2);
       operands_ready(c);
+      FUSED_WARP_MARK(c, 3);
       step(p, it, c, ML, R, S, o);
       FUSED_MARK(c, 10);
     }
@@ -1111,6 +1135,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
            "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
            kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
            m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
+  }
+  if (blockIdx.x == 0 && threadIdx.x % 32 == 0 && chunks > kTimedChunk) {
+    const long long* w = g_fused_warp_marks[threadIdx.x / 32];
+    const long long o = g_fused_marks[0][0];
+    printf("fused timing, chunk %d, warp %d, phase 4 (cycles from the prep loop top; prep: open, level 1, barrier, level 2, barrier, "
+           "end; math: open, tiles, step_operands, closed): %lld %lld %lld %lld %lld %lld\n",
+           kTimedChunk, static_cast<int>(threadIdx.x / 32), w[0] - o, w[1] - o, w[2] - o, w[3] - o, w[4] - o, w[5] - o);
   }
 #endif
 }
