@@ -625,11 +625,6 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
       for (int n = 0; n < 2; ++n)
         ptx::mma_tf32_1688(c[n], a[kt], B[(8 * kt + t) * kBlockStride + 8 * n + g], B[(8 * kt + t + 4) * kBlockStride + 8 * n + g]);
   };
-  auto product = [&](const float* A, const float* B, Frag16& c) {
-    AFrags a;
-    a_frags(A, a);
-    product_a(a, B, c);
-  };
   // Every shared-memory read a warp can make before its first store is made first: ptxas kept
   // reads behind earlier stores (the beta pairs of W's columns, the second diagonal block), one
   // dependent load, multiply and store at a time.
@@ -657,13 +652,23 @@ __device__ __forceinline__ void invert_below_and_w(const PrepWarp& L, const Regi
     beta_pairs(j, bp);
     AFrags xbb;
     a_frags(R.x(b, b), xbb);
+    // -X_bj = (X_bb L_bj) X_jj, the first product's C fragments as the second's A operand in
+    // registers: k-slot t of k-tile kt is column 8 kt + 2t, slot t + 4 column 8 kt + 2t + 1, so
+    // X_jj gives its rows in that order (no round trip through shared memory).
     Frag16 y = {};
-    product(R.l(b, j), R.x(j, j), y);
-    put_block(R.x(b, j), L, y, false, 1.f);  // as the B operand of X_bb y
-    __syncwarp();
+    product_a(xbb, R.l(b, j), y);
+    AFrags ya;
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
+      ya[kt][0] = __float_as_uint(y[kt][0]), ya[kt][1] = __float_as_uint(y[kt][2]), ya[kt][2] = __float_as_uint(y[kt][1]),
+      ya[kt][3] = __float_as_uint(y[kt][3]);
+    const float* xjj = R.x(j, j);
     Frag16 x = {};
-    product_a(xbb, R.x(b, j), x);
-    __syncwarp();
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+        ptx::mma_tf32_1688(x[n], ya[kt], xjj[(8 * kt + 2 * t) * kBlockStride + 8 * n + g], xjj[(8 * kt + 2 * t + 1) * kBlockStride + 8 * n + g]);
     put_block(R.x(b, j), L, x, false, -1.f);
     put_w(x, b, j, bp, -1.f);
   } else {
