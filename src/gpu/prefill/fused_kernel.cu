@@ -1131,22 +1131,26 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     out_box_read();
   }
 #ifdef FLASHKDA_FUSED_TIMING
-  if (blockIdx.x == 0 && threadIdx.x % 128 == 0 && chunks > kTimedChunk) {
-    const long long* m = g_fused_marks[threadIdx.x / 128];
+  // One thread prints every line, in order, once all the stamps are in (a printf a warpgroup and
+  // warp from the stamping threads came out incomplete: 3 of 15 lines in one run).
+  __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0 && chunks > kTimedChunk) {
     // From the prep warpgroup's loop top; each name is a phase's end or a barrier passed. Only the
     // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
     const long long o = g_fused_marks[0][0];
-    printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
-           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
-           kTimedChunk, static_cast<int>(threadIdx.x / 128), m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o,
-           m[7] - o, m[8] - o, m[9] - o, m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
-  }
-  if (blockIdx.x == 0 && threadIdx.x % 32 == 0 && chunks > kTimedChunk) {
-    const long long* w = g_fused_warp_marks[threadIdx.x / 32];
-    const long long o = g_fused_marks[0][0];
-    printf("fused timing, chunk %d, warp %d, phase 4 (cycles from the prep loop top; prep: open, level 1, barrier, level 2, barrier, "
-           "end; math: open, tiles, step_operands, closed): %lld %lld %lld %lld %lld %lld\n",
-           kTimedChunk, static_cast<int>(threadIdx.x / 32), w[0] - o, w[1] - o, w[2] - o, w[3] - o, w[4] - o, w[5] - o);
+    for (int wg = 0; wg < kThreads / 128; ++wg) {
+      const long long* m = g_fused_marks[wg];
+      printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
+             "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
+             kTimedChunk, wg, m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o, m[7] - o, m[8] - o, m[9] - o,
+             m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
+    }
+    for (int warp = 0; warp < kWarps; ++warp) {
+      const long long* w = g_fused_warp_marks[warp];
+      printf("fused timing, chunk %d, warp %d, phase 4 (cycles from the prep loop top; prep: open, level 1, barrier, level 2, "
+             "barrier, end; math: open, tiles, step_operands, closed): %lld %lld %lld %lld %lld %lld\n",
+             kTimedChunk, warp, w[0] - o, w[1] - o, w[2] - o, w[3] - o, w[4] - o, w[5] - o);
+    }
   }
 #endif
 }
