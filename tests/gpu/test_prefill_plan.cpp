@@ -73,7 +73,7 @@ TEST(PrefillPlan, OneSequenceManyHeadsRunsEightByOneBesideAPrepTail) {  // P1 on
   EXPECT_GE(p.workspace_bytes(), p.record_bytes + p.tail_bytes);
 }
 
-// Sequences of 1024 tokens or more on average, on items for 70% of the multiprocessors or more:
+// Sequences of 256 tokens or more on average, on items for 70% of the multiprocessors or more:
 // the fused prefill, longest sequences first, no workspace.
 TEST(PrefillPlan, LongSequencesOnManyItemsRunTheFusedPrefill) {  // P2, P3, P5, P6; P1 below
   for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
@@ -92,6 +92,10 @@ TEST(PrefillPlan, LongSequencesOnManyItemsRunTheFusedPrefill) {  // P2, P3, P5, 
   EXPECT_EQ(plan({8192}, 93).pass, Pass::kFused);
   EXPECT_EQ(plan({4096, 4096}, 47).pass, Pass::kFused);  // 94 items
   EXPECT_NE(plan({4096, 4096}, 46).pass, Pass::kFused);  // 92
+  // Sequences of 256 and 512 tokens (measured 3% and 20% under the two-kernel path), not of 255.
+  EXPECT_EQ(plan(std::vector<int64_t>(32, 256), 32).pass, Pass::kFused);
+  EXPECT_EQ(plan(std::vector<int64_t>(16, 512), 32).pass, Pass::kFused);
+  EXPECT_NE(plan(std::vector<int64_t>(32, 255), 32).pass, Pass::kFused);
   // Not where it lost: P4 and P10 (64 items), P7, P8, P11 (4 to 8), P9 (128 tokens a sequence);
   // nor where it lacks a feature (the two-kernel path, no refusal).
   for (const auto& [lens, heads] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
