@@ -322,13 +322,12 @@ const char* fused_prefill_lacks(const Problem& p) {
 // sequence). At 18cc302 on one H100 (bench --batch B --seqlen T --heads H, fused forced against
 // the two-kernel path, same call): 64 x 64 tokens x 32 heads +57%, 128 x 128 x 8 +18%, P9 (64 x
 // 128 x 32) +28%; 32 x 256 x 32 -3.4%, 16 x 512 x 32 -20%, 8 x 512 x 96 -19%. (The threshold was
-// 1024 when the kernel was ~3x slower.) Measured on one H100 against the two-kernel
-// path (docs/perf-notes.md, "The fused prefill by default" and "Out rows by bulk store, tiles by
+// 1024 when the kernel was ~3x slower.) Earlier, on one H100 against the two-kernel path
+// (docs/perf-notes.md, "The fused prefill by default" and "Out rows by bulk store, tiles by
 // HMUL2"): P2 -10.8%, P3 -10%, P5 -8.7%, P6 -12% at 98ca4eb; P1 (96 items on 132: 73%) -5.4%
 // at 4008add in one call, even before 41d0c98. The fused time of one wave does not shrink with
 // fewer items while the two-kernel path's does, so at P1's margin the crossover is near 92 items
-// on 132 (70%). P4 and P10 (64 items), P7, P8 and P11 (4 to 8) and P9 (128 tokens a sequence)
-// were 36% to 9x slower.
+// on 132 (70%); at 98ca4eb P4 and P10 (64 items) and P7, P8 and P11 (4 to 8) were 36% to 9x slower.
 // FLASHKDA_FUSED=1 forces it (refusing by name what it lacks), =0 keeps the two-kernel path.
 constexpr int64_t kFusedMinMeanTokens = 256;
 constexpr int64_t kFusedMinItemsPercentOfSMs = 70;

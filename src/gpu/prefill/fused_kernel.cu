@@ -82,7 +82,7 @@ __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile
 // prints the stamps at the end: where a chunk's time goes, without a profiler.
 #ifdef FLASHKDA_FUSED_TIMING
 constexpr int kTimedChunk = 20, kMarks = 15;
-__device__ long long g_fused_marks[3][kMarks];
+__device__ long long g_fused_marks[kThreads / 128][kMarks];  // [warpgroup][mark]
 #define FUSED_MARK(c, i)                                                                          \
   do {                                                                                            \
     if (blockIdx.x == 0 && (c) == kTimedChunk && threadIdx.x % 128 == 0) g_fused_marks[threadIdx.x / 128][i] = clock64(); \
