@@ -78,8 +78,10 @@ __device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("
 __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 
 // FLASHKDA_FUSED_TIMING (cmake -DFLASHKDA_FUSED_TIMING=ON, a diagnostic build): the first thread
-// of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk and
-// prints the stamps at the end: where a chunk's time goes, without a profiler.
+// of each warpgroup of block 0 stamps clock64() at the phase boundaries of chunk kTimedChunk, and
+// a one-thread kernel launched after it prints the stamps: where a chunk's time goes, without a
+// profiler. The printf lives in that kernel: a function call anywhere in the fused kernel made
+// ptxas serialize every wgmma in it (C7510), so stamps printed from it timed a serialized step.
 #ifdef FLASHKDA_FUSED_TIMING
 constexpr int kTimedChunk = 20, kMarks = 15;
 __device__ long long g_fused_marks[kThreads / 128][kMarks];  // [warpgroup][mark]
@@ -1130,30 +1132,36 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
     store_state(p, it, M.laundered(), S);
     out_box_read();
   }
-#ifdef FLASHKDA_FUSED_TIMING
-  // One thread prints every line, in order, once all the stamps are in (a printf a warpgroup and
-  // warp from the stamping threads came out incomplete: 3 of 15 lines in one run).
-  __syncthreads();
-  if (blockIdx.x == 0 && threadIdx.x == 0 && chunks > kTimedChunk) {
-    // From the prep warpgroup's loop top; each name is a phase's end or a barrier passed. Only the
-    // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
-    const long long o = g_fused_marks[0][0];
-    for (int wg = 0; wg < kThreads / 128; ++wg) {
-      const long long* m = g_fused_marks[wg];
-      printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
-             "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
-             kTimedChunk, wg, m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o, m[7] - o, m[8] - o, m[9] - o,
-             m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
-    }
-    for (int warp = 0; warp < kWarps; ++warp) {
-      const long long* w = g_fused_warp_marks[warp];
-      printf("fused timing, chunk %d, warp %d, phase 4 (cycles from the prep loop top; prep: open, level 1, barrier, level 2, "
-             "barrier, end; math: open, tiles, step_operands, closed): %lld %lld %lld %lld %lld %lld\n",
-             kTimedChunk, warp, w[0] - o, w[1] - o, w[2] - o, w[3] - o, w[4] - o, w[5] - o);
-    }
-  }
-#endif
 }
+
+#ifdef FLASHKDA_FUSED_TIMING
+// One thread prints every line, in order, once all the stamps are in (a printf a warpgroup and warp
+// from the stamping threads came out incomplete: 3 of 15 lines in one run). Stamps of a launch
+// whose block 0 had no chunk kTimedChunk stay zero (cleared after each print).
+__global__ void fused_timing_print_kernel() {
+  if (g_fused_marks[0][0] == 0) return;
+  // From the prep warpgroup's loop top; each name is a phase's end or a barrier passed. Only the
+  // prep warpgroup stamps `scalars`, only the math ones `step`: the other value is meaningless.
+  const long long o = g_fused_marks[0][0];
+  for (int wg = 0; wg < kThreads / 128; ++wg) {
+    const long long* m = g_fused_marks[wg];
+    printf("fused timing, chunk %d, warpgroup %d (cycles from the prep loop top): top %lld inputs %lld scalars %lld pass %lld "
+           "A %lld phase2 %lld B %lld phase3 %lld phase4 %lld C %lld step %lld (in it: rescaled %lld Y %lld U %lld S %lld)\n",
+           kTimedChunk, wg, m[0] - o, m[1] - o, m[2] - o, m[3] - o, m[4] - o, m[5] - o, m[6] - o, m[7] - o, m[8] - o, m[9] - o,
+           m[10] - o, m[11] - o, m[12] - o, m[13] - o, m[14] - o);
+  }
+  for (int warp = 0; warp < kWarps; ++warp) {
+    const long long* w = g_fused_warp_marks[warp];
+    printf("fused timing, chunk %d, warp %d, phase 4 (cycles from the prep loop top; prep: open, level 1, barrier, level 2, "
+           "barrier, end; math: open, tiles, step_operands, closed): %lld %lld %lld %lld %lld %lld\n",
+           kTimedChunk, warp, w[0] - o, w[1] - o, w[2] - o, w[3] - o, w[4] - o, w[5] - o);
+  }
+  for (int wg = 0; wg < kThreads / 128; ++wg)
+    for (int i = 0; i < kMarks; ++i) g_fused_marks[wg][i] = 0;
+  for (int warp = 0; warp < kWarps; ++warp)
+    for (int i = 0; i < kWarpMarks; ++i) g_fused_warp_marks[warp][i] = 0;
+}
+#endif
 
 }  // namespace
 
@@ -1172,6 +1180,9 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   fused_prefill_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "launching the fused prefill kernel failed: ", cudaGetErrorString(err));
+#ifdef FLASHKDA_FUSED_TIMING
+  fused_timing_print_kernel<<<1, 1, 0, stream>>>();
+#endif
 }
 
 }  // namespace flashkda::gpu
