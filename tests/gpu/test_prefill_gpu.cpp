@@ -500,6 +500,14 @@ ErrorCode run_expecting_error(DeviceProblem& dev, const ForwardArgs& a, std::str
 class GpuPrefillFused : public GpuPrefillForced {
  protected:
   GpuPrefillFused() : GpuPrefillForced("FLASHKDA_FUSED") {}
+  void SetUp() override {  // one block an item (forced, the plan takes pairs where they fit: GpuPrefillFusedPair)
+    GpuPrefillForced::SetUp();
+    setenv("FLASHKDA_FUSED_PAIR", "0", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_FUSED_PAIR");
+    GpuPrefillForced::TearDown();
+  }
 };
 
 TEST_F(GpuPrefillFused, EdgeLengthsEveryStateForm) {
@@ -536,6 +544,58 @@ TEST_F(GpuPrefillFused, LongestFirstUpToItsBound) {
     std::vector<int64_t> lens(n);
     for (int64_t& len : lens) len = static_cast<int64_t>(rng() % 201);
     expect_matches_oracle(packed(lens, 2, 652 + n));
+  }
+}
+
+// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item, the
+// state handed over between them before each step): the same cases, and bit for bit the results
+// of one block an item (the state goes over in its true scale, exactly what the one-block form's
+// rescale gives).
+class GpuPrefillFusedPair : public GpuPrefillFused {
+ protected:
+  void SetUp() override {
+    GpuPrefillFused::SetUp();
+    setenv("FLASHKDA_FUSED_PAIR", "1", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_FUSED_PAIR_PREFETCH");
+    GpuPrefillFused::TearDown();
+  }
+};
+
+TEST_F(GpuPrefillFusedPair, EdgeLengthsEveryStateForm) {
+  expect_edge_lengths_every_state_form(660);
+  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 661));
+}
+
+TEST_F(GpuPrefillFusedPair, LongSequencesManyHeads) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 662));
+  expect_matches_oracle(packed({8192}, 2, 663));
+  expect_matches_oracle(packed({300, 40, 129}, 32, 664));
+}
+
+TEST_F(GpuPrefillFusedPair, LargeStatesAndDecaySweep) { expect_large_states(665, {-8.0f, 0.0f, 8.0f}); }
+
+TEST_F(GpuPrefillFusedPair, LargeAndSmallValues) { expect_large_and_small_values(666); }
+
+// Lengths 0 to 400 (a block of a pair with no chunk, one, several), fp32 and bf16 states, with and
+// without the L2 prefetch: every output bit for bit the one-block form's, twice.
+TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, 667);
+    spec.init = InitState::kNormal;
+    spec.init_dtype = spec.final_dtype = dtype;
+    RandomProblem host(spec);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_FUSED_PAIR", "0", 1);
+    const DeviceProblem::Outputs base = dev.run_fresh();
+    setenv("FLASHKDA_FUSED_PAIR", "1", 1);
+    for (const char* prefetch : {"1", "0"}) {
+      setenv("FLASHKDA_FUSED_PAIR_PREFETCH", prefetch, 1);
+      for (int run = 0; run < 2; ++run)
+        expect_same_outputs(dev, base, std::string("prefetch ") + prefetch + ", run " + std::to_string(run));
+    }
+    expect_matches_oracle(host);
   }
 }
 

@@ -338,8 +338,27 @@ TEST(PrefillPlan, TheFusedPrefillWhenForced) {
       EXPECT_EQ(p.workspace_bytes(), 0u);
       EXPECT_EQ(p.fused_split[0], 8);  // the elementwise pass's channel groups: 8, 4, 4 by default
       EXPECT_EQ(p.fused_split[1], 12);
+      EXPECT_FALSE(p.fused_pair);  // one block an item unless FLASHKDA_FUSED_PAIR=1
     }
   }
+  {  // the pair form (two blocks an item, fused_kernel.cu), opt-in, with its L2 prefetch unless =0
+    const ScopedEnv pair({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_PAIR", "1"}});
+    const PrefillPlan p = plan({8192}, 64);
+    EXPECT_EQ(p.pass, Pass::kFused);
+    EXPECT_TRUE(p.fused_pair);
+    EXPECT_TRUE(p.fused_pair_prefetch);
+    EXPECT_EQ(p.workspace_bytes(), 0u);
+    const ScopedEnv no_prefetch({{"FLASHKDA_FUSED_PAIR_PREFETCH", "0"}});
+    EXPECT_FALSE(plan({8192}, 64).fused_pair_prefetch);
+  }
+  EXPECT_FALSE(plan({8192}, 96).fused_pair);  // the plan's own fused choice: one block an item
+  {
+    const ScopedEnv pair_only({{"FLASHKDA_FUSED_PAIR", "1"}});  // pairs where the fused prefill runs, not more
+    EXPECT_NE(plan({8192}, 64).pass, Pass::kFused);
+    EXPECT_TRUE(plan({8192}, 96).fused_pair);
+  }
+  expect_refused({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_PAIR", "2"}}, shapes({8192}, 64), ErrorCode::kInvalidArgument,
+                 "FLASHKDA_FUSED_PAIR: expected 0 or 1");
   {
     const ScopedEnv split({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_SPLIT", "4:10"}});
     const PrefillPlan p = plan({8192}, 96);

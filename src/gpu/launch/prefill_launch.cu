@@ -372,6 +372,10 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
       plan.fused_split[0] = a, plan.fused_split[1] = b;
     }
     plan.fused_longest_first = p.cu_seqlens && p.N > 1 && p.N <= fused::kMaxLongestFirstSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
+    // Two blocks an item (FusedParams::pair), opt-in: built for P4 and P10 (64 items on 132
+    // multiprocessors), where one block an item leaves half of them idle; not yet timed on a GPU.
+    plan.fused_pair = forced_switch("FLASHKDA_FUSED_PAIR") == 1;
+    plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") != 0;
     return plan;
   }
   if (use_wgmma(p)) {
@@ -428,7 +432,7 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
-                plan.fused_longest_first};
+                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch};
   launch_fused(f, stream);
 }
 

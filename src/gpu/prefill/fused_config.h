@@ -105,7 +105,8 @@ struct Small {
   static constexpr uint32_t kDecay = kEKr + kBlocks * kD * 4;    // [128] e^G_C, read by the step
   static constexpr uint32_t kBarriers = kDecay + kD * 4;         // q/k/g full[2], v full[2]
   static constexpr uint32_t kItemSeq = kBarriers + 4 * 8;        // int64: the block's sequence (FusedParams::longest_first)
-  static constexpr uint32_t kBytes = kItemSeq + 8;
+  static constexpr uint32_t kStateIn = kItemSeq + 8;             // a pair's barrier: the state handed over (FusedParams::pair)
+  static constexpr uint32_t kBytes = kStateIn + 8;
 };
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
@@ -118,8 +119,63 @@ static_assert(kBlocks == 4, "the inverse by halves of two blocks");
 // them itself at its start (O(N) loads a thread), so only for a few.
 constexpr int64_t kMaxLongestFirstSeqs = 64;
 
+// The chunks a block runs, and the input stage each one's q, k, g and v land in. One block an item
+// runs every chunk through two stages; a pair's block (below) every other chunk through one. A
+// block's n-th chunk is its n-th fill of the stages: stage n % stages, phase (n / stages) % 2 (the
+// stage ring's cursor, stage_ring.cuh, whose empty side this kernel does not use: the block-wide
+// barriers of the chunk after release a stage).
+struct Fill {
+  int stage;
+  uint32_t phase;
+};
+struct Schedule {
+  int first;   // the block's first chunk: 0, or its rank in a pair
+  int shift;   // log2 of the step between its chunks
+  int stages;  // input stages: kInStages, or 1 in a pair
+  __host__ __device__ constexpr int chunk(int n) const { return first + (n << shift); }
+  __host__ __device__ constexpr int ahead(int c, int n) const { return c + (n << shift); }  // the block's chunk n after c
+  __host__ __device__ constexpr Fill at(int c) const {
+    const int n = (c - first) >> shift;
+    return {n % stages, static_cast<uint32_t>(n / stages) & 1u};
+  }
+  // A pair: the parity of the state's hand-over before chunk c, the block's k-th (block 0 gets none
+  // for chunk 0, its initial state).
+  __host__ __device__ constexpr uint32_t handover_parity(int c) const {
+    return static_cast<uint32_t>(((c - first) >> shift) - (first == 0 ? 1 : 0)) & 1u;
+  }
+};
+// Over an item of `chunks`: a pair's two blocks take every chunk once, alternately; each block's
+// fills go round its stages with the phase flipping a lap; each block's hand-overs alternate
+// parity from 0; the one-block schedule is 0, 1, 2, .. on two stages.
+constexpr bool schedules_agree(int chunks) {
+  for (int rank = 0; rank < 2; ++rank) {
+    const Schedule s{rank, 1, 1};
+    int n = 0;
+    for (int c = s.chunk(0); c < chunks; c = s.ahead(c, 1), ++n) {
+      if (c % 2 != rank || s.chunk(n) != c) return false;
+      const Fill f = s.at(c);
+      if (f.stage != 0 || f.phase != static_cast<uint32_t>(n % 2)) return false;
+      if (c > 0 && s.handover_parity(c) != static_cast<uint32_t>((rank == 0 ? n - 1 : n) % 2)) return false;
+    }
+  }
+  const Schedule one{0, 0, 2};
+  for (int c = 0; c < chunks; ++c)
+    if (one.at(c).stage != c % 2 || one.at(c).phase != static_cast<uint32_t>((c / 2) % 2) || one.ahead(c, 1) != c + 1) return false;
+  return true;
+}
+static_assert(schedules_agree(9) && schedules_agree(10), "the chunk schedules");
+
+// A pair (FusedParams::pair): two blocks of a cluster take one item, block r its chunks r, r + 2,
+// .. and the state from the other block before each step. Each block's chunks then come one input
+// stage at a time (the next one's q, k, g and v are prefetched into the L2 a chunk ahead), and the
+// second stage's place takes the state handed over: S^T in fp32, a math thread's 64 values as 16
+// float4 at [i][thread] (consecutive threads, consecutive 16 bytes).
+constexpr uint32_t kStateInBytes = kMathThreads * 64 * 4;
+
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
+constexpr uint32_t kSmemStateIn = kSmemIn + kInBytes;  // a pair's: the second input stage's place
+static_assert(kInStages == 2 && kStateInBytes <= kInBytes, "a pair's state fits the second input stage");
 constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
 static_assert(OpStage::kM + tile_offset(kC, 0, kC) == OpStage::kBytes, "Kr^T's rows continue M's (kSmemKrT right after the stage)");
 constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;

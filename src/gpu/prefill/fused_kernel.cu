@@ -37,8 +37,8 @@
 #include "gpu/launch/per_device.h"
 #include "gpu/prefill/fused_config.h"
 #include "gpu/prefill/kernels.h"
-#include "gpu/prefill/stage_ring.cuh"
 #include "gpu/ptx/bulk_copy.cuh"
+#include "gpu/ptx/cluster.cuh"
 #include "gpu/ptx/convert.cuh"
 #include "gpu/ptx/fast_math.cuh"
 #include "gpu/ptx/mma.cuh"
@@ -50,9 +50,6 @@ namespace flashkda::gpu {
 namespace {
 
 using namespace fused;
-// The mbarrier phase bit of an input stage's n-th fill (the ring's cursor; the stages are released
-// by the block-wide barriers of the chunk after, so the ring's empty side is not used).
-using InCursor = state_pass::StageRing<kInStages>::Cursor;
 
 // Registers a thread of each role after the hand-over (setmaxnreg): the launch gives 168 to all
 // 384 threads (65536 / 384, down to a multiple of 8); prep gives some back and the math
@@ -150,14 +147,15 @@ struct Regions {
   __device__ float* z(int b, int j) const { return reinterpret_cast<float*>(zblk + ((b - 2) * 2 + j) * kBlockTileBytes); }
 };
 
-// The input barriers: q, k, g of stage s complete on qkg[s], v on v[s].
+// The input barriers: q, k, g of stage s complete on qkg[s], v on v[s]; `order`: which chunk goes where.
 struct InBarriers {
   uint64_t* qkg;
   uint64_t* v;
+  Schedule order;
 };
 
 __device__ __forceinline__ void load_qkg(const FusedParams& p, const Item& it, int c, uint8_t* in_stages, const InBarriers& bars) {
-  const InCursor at = InCursor::of_fill(c);
+  const Fill at = bars.order.at(c);
   uint8_t* in = in_stages + at.stage * kInBytes;
   ptx::mbarrier_arrive_expect_tx(&bars.qkg[at.stage], kInQkgBytes);
   load_tile(in + kInQ, &p.q_tiles, it.head, it.row(c), &bars.qkg[at.stage]);
@@ -165,9 +163,17 @@ __device__ __forceinline__ void load_qkg(const FusedParams& p, const Item& it, i
   load_tile(in + kInG, &p.g_tiles, it.head, it.row(c), &bars.qkg[at.stage]);
 }
 __device__ __forceinline__ void load_v(const FusedParams& p, const Item& it, int c, uint8_t* in_stages, const InBarriers& bars) {
-  const InCursor at = InCursor::of_fill(c);
+  const Fill at = bars.order.at(c);
   ptx::mbarrier_arrive_expect_tx(&bars.v[at.stage], kSwizzledTileBytes);
   load_tile(in_stages + at.stage * kInBytes + kInV, &p.v_tiles, it.head, it.row(c), &bars.v[at.stage]);
+}
+// A pair's block, one input stage: chunk c's q, k, g and v into the L2 a chunk before their
+// stage is free, so that the copies into it wait for the L2, not device memory.
+__device__ __forceinline__ void prefetch_inputs(const FusedParams& p, const Item& it, int c) {
+  for (const CUtensorMap* map : {&p.q_tiles, &p.k_tiles, &p.g_tiles, &p.v_tiles}) {
+    ptx::tensor_prefetch_3d_l2(map, 0, it.head, it.row(c));
+    ptx::tensor_prefetch_3d_l2(map, 64, it.head, it.row(c));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -742,8 +748,10 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
   named_sync(kPhaseBarrier, kThreads);  // the elementwise pass; the math warpgroups past chunk c - 1's step
   FUSED_MARK(c, 4);
   if constexpr (kPrep) {
-    // Chunk c + 1's v into the stage chunk c - 1's step has left.
-    if (threadIdx.x == 0 && c + 1 < it.chunks()) load_v(p, it, c + 1, in_stages, bars);
+    // The next chunk's v into the stage the previous chunk's step has left (one input stage: this
+    // chunk's own v).
+    const int cv = bars.order.ahead(c, bars.order.stages - 1);
+    if (threadIdx.x == 0 && cv < it.chunks()) load_v(p, it, cv, in_stages, bars);
     put_diagonal(L, R, Ld, Md);
   } else {
     if (L.part() == 1) factor_table(R, static_cast<int>(threadIdx.x) - kPrepThreads);
@@ -788,6 +796,7 @@ __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cas
 struct MathLane {
   int wg, warp, lane, g, t;  // wg: 0 or 1 (value rows 64 wg ..)
   __device__ int row(int h) const { return kMathRows * wg + 16 * warp + g + 8 * h; }
+  __device__ int thread() const { return 128 * wg + 32 * warp + lane; }
   __device__ MathLane laundered() const {  // as PrepWarp::laundered
     MathLane L = *this;
     asm volatile("" : "+r"(L.wg), "+r"(L.warp), "+r"(L.lane), "+r"(L.g), "+r"(L.t));
@@ -800,6 +809,27 @@ struct MathLane {
 struct StateRows {
   float s[64];
   int e_row[2] = {0, 0};
+};
+
+// A pair's hand-over of S^T (fused_config.h, kSmemStateIn): this block's buffer and barrier, where
+// the other block's step puts the state before each of this block's chunks but its first, and the
+// other block's (shared::cluster addresses).
+struct StateLink {
+  const uint8_t* buf;
+  uint64_t* bar;
+  uint32_t peer_buf, peer_bar;
+  Schedule order;
+  __device__ uint32_t parity(int c) const { return order.handover_parity(c); }
+  // S^T 2^e_row in fp32 into the other block's buffer, then one arrival a math thread on its barrier
+  // (256 a phase), which releases the stores.
+  __device__ void send(const MathLane& L, const StateRows& S) const {
+    const float f0 = pow2(S.e_row[0]), f1 = pow2(S.e_row[1]);
+    const uint32_t dst = peer_buf + 16 * static_cast<uint32_t>(L.thread());
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      ptx::st_cluster_v4(dst + 16 * kMathThreads * i, make_float4(S.s[4 * i] * f0, S.s[4 * i + 1] * f0, S.s[4 * i + 2] * f1, S.s[4 * i + 3] * f1));
+    ptx::mbarrier_arrive_remote_release(peer_bar);
+  }
 };
 
 // Element offsets of a row's pairs: the row's own, then 8 j (immediates: 32 addresses kept through
@@ -854,12 +884,25 @@ struct StepOperands {
 // fragments. It reads nothing that chunk c's phases write (S^T is chunk c - 1's, V came by the
 // copy engine), so the math warpgroups run it before the last phase barrier, where they would
 // otherwise wait for the prep warpgroup's levels.
-__device__ __forceinline__ void step_operands(const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars, StateRows& S,
-                                              StepOperands& o) {
+template <bool kPair>
+__device__ __forceinline__ void step_operands(const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars,
+                                              const StateLink& link, StateRows& S, StepOperands& o) {
   const int t = L.t;
   const int count = it.count(c);
   float (&s)[64] = S.s;
-  ptx::mbarrier_wait_parity(&bars.v[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
+  if constexpr (kPair) {
+    if (c > 0) {  // S^T after chunk c - 1, from the other block's step, in its true scale
+      ptx::mbarrier_wait_parity_cluster(link.bar, link.parity(c));
+      const float4* in = reinterpret_cast<const float4*>(link.buf) + L.thread();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float4 x = in[i * kMathThreads];
+        s[4 * i] = x.x, s[4 * i + 1] = x.y, s[4 * i + 2] = x.z, s[4 * i + 3] = x.w;
+      }
+      S.e_row[0] = S.e_row[1] = 0;
+    }
+  }
+  ptx::mbarrier_wait_parity(&bars.v[bars.order.at(c).stage], bars.order.at(c).phase);
 
   // V^T's pairs (rows v, tokens; bf16 as loaded, zero past the chunk's tokens) from this
   // warpgroup's box by ldmatrix.trans: vraw[ks][r] holds value row 16 warp + g + 8 (r & 1), tokens
@@ -915,8 +958,9 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
 
 // The rest of chunk c's step, after the operand stage is complete: writes the out rows over V,
 // then to device memory.
-__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, StateRows& S,
-                                     StepOperands& o) {
+template <bool kPair>
+__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, const StateLink& link,
+                                     StateRows& S, StepOperands& o) {
   const int t = L.t;
   const int count = it.count(c);
   float (&s)[64] = S.s;
@@ -975,6 +1019,9 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::fence_operands(s);
   ptx::fence_operands(pacc);
   FUSED_MARK(c, 14);
+  if constexpr (kPair) {  // the other block's next chunk starts from this state: hand it over first
+    if (c + 1 < it.chunks()) link.send(L, S);
+  }
 
   // out rows: O^T = P^T 2^e_row into this warpgroup's V box (read above) by stmatrix.trans (the
   // warp's 16 value rows x 16 tokens a store: token rows of 8 + 8 values), then to device memory.
@@ -1028,19 +1075,30 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 
 // ---------------------------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid_constant__ FusedParams p) {
+// The kernel's body: one block an item (kPair false), or a pair's block (FusedParams::pair).
+template <bool kPair>
+__device__ __forceinline__ void fused_prefill(const FusedParams& p) {
   extern __shared__ __align__(1024) uint8_t smem[];  // the copy engine's swizzled boxes need 1024-byte alignment
   uint8_t* in_stages = smem + kSmemIn;
   uint8_t* small = smem + kSmemSmall;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(small + Small::kBarriers);
-  const InBarriers bars{barriers, barriers + kInStages};
+  const int rank = kPair ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  const Schedule order{rank, kPair ? 1 : 0, kPair ? 1 : kInStages};
+  const InBarriers bars{barriers, barriers + kInStages, order};
   auto regions = [&](int c) {
-    return Regions{in_stages + InCursor::of_fill(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
+    return Regions{in_stages + order.at(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
   };
+  uint64_t* state_bar = reinterpret_cast<uint64_t*>(small + Small::kStateIn);
+  StateLink link{smem + kSmemStateIn, state_bar, 0u, 0u, order};
+  if constexpr (kPair) {
+    link.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemStateIn), static_cast<uint32_t>(rank ^ 1));
+    link.peer_bar = ptx::map_to_rank(ptx::smem_addr(state_bar), static_cast<uint32_t>(rank ^ 1));
+  }
 
   Item it;
-  it.head = static_cast<int>(blockIdx.x % p.num_heads);
-  it.seq = blockIdx.x / p.num_heads;
+  const unsigned item = kPair ? blockIdx.x / 2 : blockIdx.x;  // a pair: blocks 2i, 2i + 1
+  it.head = static_cast<int>(item % p.num_heads);
+  it.seq = item / p.num_heads;
   if (p.longest_first) {  // the sequence of rank it.seq: longest first, ties by index (SequenceTable::order_by_length's order)
     // The lengths in one round of loads, into the operand stage (first written in chunk 0's phase 2).
     static_assert(kMaxLongestFirstSeqs <= kThreads && kMaxLongestFirstSeqs * 8 <= OpStage::kBytes, "a length a thread");
@@ -1063,9 +1121,12 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kInStages; ++s) ptx::mbarrier_init(&barriers[s], 1);
+    if (kPair) ptx::mbarrier_init(state_bar, kMathThreads);
     ptx::fence_mbarrier_init();
-    for (int c = 0; c < chunks && c < kInStages; ++c) load_qkg(p, it, c, in_stages, bars);
-    if (chunks > 0) load_v(p, it, 0, in_stages, bars);
+    // The first chunks' inputs: q, k, g a stage each, v of all but the last (prep_rest loads the others).
+    for (int n = 0; n < order.stages && order.chunk(n) < chunks; ++n) load_qkg(p, it, order.chunk(n), in_stages, bars);
+    for (int n = 0; n < order.stages - 1 && order.chunk(n) < chunks; ++n) load_v(p, it, order.chunk(n), in_stages, bars);
+    if (kPair && p.pair_prefetch && order.chunk(1) < chunks) prefetch_inputs(p, it, order.chunk(1));
   }
   const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
   // The gate's bias times the gate's factor: one FFMA a gate where an add and a multiply were.
@@ -1078,60 +1139,73 @@ __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid
       at<uint32_t>(smem + kSmemOp, OpStage::kW + tile_offset(r, col, kC)) = 0u;
     }
   }
-  __syncthreads();
+  if constexpr (kPair) ptx::cluster_sync();  // the other block's state barrier initialised before this one arrives on it
+  else __syncthreads();
 
   const PrepWarp L0 = PrepWarp::of_thread();
   if (threadIdx.x < kPrepThreads) {
     set_max_registers_dec<kPrepRegs>();
     const uint16_t* head_beta = it.len > 0 ? p.beta.row(it.bos, it.head) : nullptr;
-    uint32_t beta = beta_bits(p, it, head_beta, 0, threadIdx.x);
-    for (int c = 0; c < chunks; ++c) {
+    uint32_t beta = beta_bits(p, it, head_beta, order.first, threadIdx.x);
+    for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
-      ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
+      ptx::mbarrier_wait_parity(&bars.qkg[order.at(c).stage], order.at(c).phase);
       FUSED_MARK(c, 1);
+      // A pair's block: the chunk after the next one into the L2 (the next one's went a chunk ago).
+      if (kPair && p.pair_prefetch && threadIdx.x == 0 && order.ahead(c, 2) < chunks) prefetch_inputs(p, it, order.ahead(c, 2));
       if (it.count(c) < kC) clear_padding_rows(R, it.count(c));
       chunk_scalars(p, it, c, beta, L, R);
       FUSED_MARK(c, 2);
       named_arrive(kInputsBarrier, kThreads);
-      beta = beta_bits(p, it, head_beta, c + 1, threadIdx.x);
+      beta = beta_bits(p, it, head_beta, order.ahead(c, 1), threadIdx.x);
       Frag16 Ld = {}, Md = {};
       elementwise_pass(p, L, R, neg_expA_log2e, 0, p.split[0], Ld, Md);
       prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
       operands_ready(c);
-      // The stage's q, k, g are free: chunk c + 2's in (the fence in prep_rest ordered the stores).
-      if (threadIdx.x == 0 && c + kInStages < chunks) load_qkg(p, it, c + kInStages, in_stages, bars);
+      // The stage's q, k, g are free: the block's chunk a round of stages on comes in (the fence in
+      // prep_rest ordered the stores).
+      if (threadIdx.x == 0 && order.ahead(c, order.stages) < chunks) load_qkg(p, it, order.ahead(c, order.stages), in_stages, bars);
     }
   } else {
     set_max_registers_inc<kMathRegs>();
     const int tid = threadIdx.x - kPrepThreads;
     const MathLane M{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
     StateRows S;
-    load_state(p, it, M, S);
-    for (int c = 0; c < chunks; ++c) {
+    if (rank == 0) load_state(p, it, M, S);  // a pair's other block gets it handed over
+    for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
       named_sync(kInputsBarrier, kThreads);  // beta and the norms of chunk c
       FUSED_MARK(c, 1);
-      ptx::mbarrier_wait_parity(&bars.qkg[InCursor::of_fill(c).stage], InCursor::of_fill(c).phase);
+      ptx::mbarrier_wait_parity(&bars.qkg[order.at(c).stage], order.at(c).phase);
       Frag16 Ld = {}, Md = {};
       const int part = L.part();  // 1 or 2: channel groups [split[part - 1], split[part] or 16)
       elementwise_pass(p, L, R, neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
       prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);
       const MathLane ML = M.laundered();
       StepOperands o;
-      step_operands(it, c, ML, R, bars, S, o);
+      step_operands<kPair>(it, c, ML, R, bars, link, S, o);
       FUSED_WARP_MARK(c, 2);
       operands_ready(c);
       FUSED_WARP_MARK(c, 3);
-      step(p, it, c, ML, R, S, o);
+      step<kPair>(p, it, c, ML, R, link, S, o);
       FUSED_MARK(c, 10);
     }
-    store_state(p, it, M.laundered(), S);
+    // The block that ran the last chunk (block 0 of a pair where there is none) has the final state.
+    if (rank == (chunks > 0 ? (chunks - 1) % 2 : 0) || !kPair) store_state(p, it, M.laundered(), S);
     out_box_read();
   }
+  // Neither block of a pair leaves while the other may still write its shared memory.
+  if constexpr (kPair) ptx::cluster_sync();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid_constant__ FusedParams p) { fused_prefill<false>(p); }
+// A pair: blocks 2i and 2i + 1 (one cluster) take item i.
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_prefill_pair_kernel(const __grid_constant__ FusedParams p) {
+  fused_prefill<true>(p);
 }
 
 #ifdef FLASHKDA_FUSED_TIMING
@@ -1166,18 +1240,26 @@ __global__ void fused_timing_print_kernel() {
 }  // namespace
 
 void launch_fused(const FusedParams& p, cudaStream_t stream) {
-  const int64_t blocks = p.seqs.num_seqs * p.num_heads;
+  const int64_t blocks = p.seqs.num_seqs * p.num_heads * (p.pair ? 2 : 1);
   if (blocks == 0) return;
-  if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 (sequence, head) pairs");
+  if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 blocks, got ", blocks);
   if (p.longest_first && p.seqs.num_seqs > kMaxLongestFirstSeqs)
     fail(ErrorCode::kInvalidArgument, "the fused prefill ranks at most ", kMaxLongestFirstSeqs, " sequences, got ", p.seqs.num_seqs);
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
-  static PerDeviceOnce raised;  // the shared-memory limit, raised once per device the caller uses
-  raised.run("raising the fused prefill kernel's shared-memory limit", [] {
-    return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-  });
-  fused_prefill_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
+  // The shared-memory limit, raised once per device the caller uses and kernel it launches.
+  static PerDeviceOnce raised, raised_pair;
+  if (p.pair) {
+    raised_pair.run("raising the fused prefill pair kernel's shared-memory limit", [] {
+      return cudaFuncSetAttribute(fused_prefill_pair_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+    });
+    fused_prefill_pair_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
+  } else {
+    raised.run("raising the fused prefill kernel's shared-memory limit", [] {
+      return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+    });
+    fused_prefill_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
+  }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "launching the fused prefill kernel failed: ", cudaGetErrorString(err));
 #ifdef FLASHKDA_FUSED_TIMING

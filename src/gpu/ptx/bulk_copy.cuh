@@ -65,6 +65,13 @@ __device__ __forceinline__ void tensor_copy_3d_g2s(void* dst_smem, const void* t
       : "memory");
 }
 
+// A 3D tile of a tensor map (coordinates innermost first) into the L2 only: no shared memory, no
+// barrier; a later tensor_copy_3d_g2s of the same box finds it there.
+__device__ __forceinline__ void tensor_prefetch_3d_l2(const void* tensor_map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(tensor_map), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 // A shared-memory tile -> a 3D box of a tensor map (coordinates innermost first), in the calling
 // thread's bulk async-group: the shared memory may be reused once bulk_wait_group_read says the
 // group has read it. Writers of the tile fence (fence_proxy_async_shared) before the issuing

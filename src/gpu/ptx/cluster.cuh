@@ -1,0 +1,57 @@
+// Thread-block cluster wrappers for sm_90: the block's rank, another block's shared memory
+// (distributed shared memory), arrivals on another block's mbarrier and the cluster barrier.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/ptx/movmatrix.cuh"  // smem_addr
+
+namespace flashkda::ptx {
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// The shared::cluster address of `local` (a shared::cta address) in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void st_cluster_v4(uint32_t remote, float4 v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
+// One arrival on an mbarrier of another block (a shared::cluster address from map_to_rank),
+// ordering this thread's earlier stores (to either block) before it at cluster scope.
+__device__ __forceinline__ void mbarrier_arrive_remote_release(uint32_t remote_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+}
+
+// Blocks until the barrier's phase with the given parity has completed, acquiring at cluster
+// scope what the arrivals released (stores by another block of the cluster).
+__device__ __forceinline__ void mbarrier_wait_parity_cluster(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  }
+}
+
+// Every thread of every block of the cluster: the blocks' earlier shared-memory writes (barrier
+// initialisations included) are visible to all of them afterwards, and no block runs ahead.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+}  // namespace flashkda::ptx
