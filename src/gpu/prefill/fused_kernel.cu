@@ -892,7 +892,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   float (&s)[64] = S.s;
   if constexpr (kPair) {
     if (c > 0) {  // S^T after chunk c - 1, from the other block's step, in its true scale
-      ptx::mbarrier_wait_parity_cluster(link.bar, link.parity(c));
+      ptx::mbarrier_wait_parity<true>(link.bar, link.parity(c));
       const float4* in = reinterpret_cast<const float4*>(link.buf) + L.thread();
 #pragma unroll
       for (int i = 0; i < 16; ++i) {

@@ -32,22 +32,6 @@ __device__ __forceinline__ void mbarrier_arrive_remote_release(uint32_t remote_b
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
 
-// Blocks until the barrier's phase with the given parity has completed, acquiring at cluster
-// scope what the arrivals released (stores by another block of the cluster).
-__device__ __forceinline__ void mbarrier_wait_parity_cluster(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_addr(bar);
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  }
-}
-
 // Every thread of every block of the cluster: the blocks' earlier shared-memory writes (barrier
 // initialisations included) are visible to all of them afterwards, and no block runs ahead.
 __device__ __forceinline__ void cluster_sync() {
