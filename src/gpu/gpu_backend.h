@@ -65,8 +65,8 @@ struct PrefillPlan {
   // (docs/perf-notes.md, "Reads before stores": 1.4-1.6% under 6:11 at P1, P3, P6 on an H100, fc8f924).
   int fused_split[2] = {8, 12};
   bool fused_longest_first = false;  // kFused: blocks take the sequences longest first (FusedParams)
-  bool fused_pair = false;           // kFused: two blocks an item (FusedParams::pair; opt-in, FLASHKDA_FUSED_PAIR=1)
-  bool fused_pair_prefetch = true;   // kFused pair: inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=0: not)
+  bool fused_pair = false;           // kFused: two blocks an item (FusedParams::pair; FLASHKDA_FUSED_PAIR=0 / 1)
+  bool fused_pair_prefetch = false;  // kFused pair: inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; measured no better)
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
   // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms

@@ -331,6 +331,17 @@ const char* fused_prefill_lacks(const Problem& p) {
 // FLASHKDA_FUSED=1 forces it (refusing by name what it lacks), =0 keeps the two-kernel path.
 constexpr int64_t kFusedMinMeanTokens = 256;
 constexpr int64_t kFusedMinItemsPercentOfSMs = 70;
+// Two blocks an item (FusedParams::pair) where the pairs fit one wave, on long sequences (16 chunks
+// a block or more on average): each block prepares every other chunk while the other steps. By
+// default only where the pairs fill 70% of the multiprocessors (P4, P10: 64 items on 132; one H100,
+// two runs: P4 0.624-0.630 ms against the two-kernel path's 0.647-0.650, P10 1.226 against
+// 1.275-1.283, the one-block form 0.795 / 1.571; docs/perf-notes.md, "The pair form for P4 and
+// P10"); forced fused prefills take them wherever they fit.
+constexpr int64_t kFusedPairMinMeanTokens = 2048;
+bool pairs_fit(const Problem& p, int sms) { return 2 * p.N * p.H <= sms && p.total_tokens >= kFusedPairMinMeanTokens * p.N; }
+bool pairs_fill(const Problem& p, int sms) {
+  return pairs_fit(p, sms) && 100 * 2 * p.N * p.H >= kFusedMinItemsPercentOfSMs * int64_t{sms} && forced_switch("FLASHKDA_FUSED_PAIR") != 0;
+}
 bool use_fused(const Problem& p, int sms) {
   const int forced = forced_switch("FLASHKDA_FUSED");
   if (forced == 0) return false;
@@ -340,7 +351,8 @@ bool use_fused(const Problem& p, int sms) {
     return true;
   }
   const int64_t items = p.N * p.H;
-  return !lacks && items <= INT32_MAX && 100 * items >= kFusedMinItemsPercentOfSMs * int64_t{sms} && p.total_tokens >= kFusedMinMeanTokens * p.N;
+  return !lacks && items <= INT32_MAX && p.total_tokens >= kFusedMinMeanTokens * p.N &&
+         (100 * items >= kFusedMinItemsPercentOfSMs * int64_t{sms} || pairs_fill(p, sms));
 }
 
 // What the kernels can index: token rows are int32 tensor-map coordinates, heads grid.y.
@@ -372,10 +384,11 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
       plan.fused_split[0] = a, plan.fused_split[1] = b;
     }
     plan.fused_longest_first = p.cu_seqlens && p.N > 1 && p.N <= fused::kMaxLongestFirstSeqs && forced_switch("FLASHKDA_SEQ_ORDER") != 0;
-    // Two blocks an item (FusedParams::pair), opt-in: built for P4 and P10 (64 items on 132
-    // multiprocessors), where one block an item leaves half of them idle; not yet timed on a GPU.
-    plan.fused_pair = forced_switch("FLASHKDA_FUSED_PAIR") == 1;
-    plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") != 0;
+    const int pair = forced_switch("FLASHKDA_FUSED_PAIR");
+    plan.fused_pair = pair == 1 || (pair != 0 && pairs_fit(p, plan.multiprocessors));
+    // The L2 prefetch measured no better (H100: P4 0.630-0.635 against 0.624-0.630 without, P10
+    // 1.242-1.243 against 1.226): off unless FLASHKDA_FUSED_PAIR_PREFETCH=1.
+    plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") == 1;
     return plan;
   }
   if (use_wgmma(p)) {
