@@ -371,7 +371,7 @@ TEST(PrefillPlan, TheFusedPrefillWhenForced) {
       EXPECT_EQ(p.workspace_bytes(), 0u);
       EXPECT_EQ(p.fused_split[0], 8);  // the elementwise pass's channel groups: 8, 4, 4 by default
       EXPECT_EQ(p.fused_split[1], 12);
-      EXPECT_EQ(p.fused_pair, lens.size() == 1 && lens[0] == 131072);  // forced: pairs only where they fill the device
+      EXPECT_EQ(p.fused_pair, lens.size() == 1 && lens[0] == 131072);  // forced: pairs wherever they fit one wave on long sequences
     }
   }
   {

@@ -216,9 +216,9 @@ struct FusedParams {
   bool longest_first;
   // Two blocks an item (a cluster, fused_config.h): block r runs chunks r, r + 2, .., the state
   // handed over between them before each step, so that each block prepares every other chunk
-  // while the other steps. For fewer items than half the multiprocessors (PrefillPlan::fused_pair).
+  // while the other steps. For items that fill at most half the multiprocessors (PrefillPlan::fused_pair).
   bool pair;
-  bool pair_prefetch;  // pair: each chunk's inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=0: not)
+  bool pair_prefetch;  // pair: each chunk's inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; off by default)
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 
