@@ -818,8 +818,6 @@ struct StateLink {
   const uint8_t* buf;
   uint64_t* bar;
   uint32_t peer_buf, peer_bar;
-  Schedule order;
-  __device__ uint32_t parity(int c) const { return order.handover_parity(c); }
   // S^T 2^e_row in fp32 into the other block's buffer, then one arrival a math thread on its barrier
   // (256 a phase), which releases the stores.
   __device__ void send(const MathLane& L, const StateRows& S) const {
@@ -892,7 +890,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   float (&s)[64] = S.s;
   if constexpr (kPair) {
     if (c > 0) {  // S^T after chunk c - 1, from the other block's step, in its true scale
-      ptx::mbarrier_wait_parity<true>(link.bar, link.parity(c));
+      ptx::mbarrier_wait_parity<true>(link.bar, bars.order.handover_parity(c));
       const float4* in = reinterpret_cast<const float4*>(link.buf) + L.thread();
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -1089,7 +1087,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     return Regions{in_stages + order.at(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
   };
   uint64_t* state_bar = reinterpret_cast<uint64_t*>(small + Small::kStateIn);
-  StateLink link{smem + kSmemStateIn, state_bar, 0u, 0u, order};
+  StateLink link{smem + kSmemStateIn, state_bar, 0u, 0u};
   if constexpr (kPair) {
     link.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemStateIn), static_cast<uint32_t>(rank ^ 1));
     link.peer_bar = ptx::map_to_rank(ptx::smem_addr(state_bar), static_cast<uint32_t>(rank ^ 1));
@@ -1248,18 +1246,12 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   // The shared-memory limit, raised once per device the caller uses and kernel it launches.
-  static PerDeviceOnce raised, raised_pair;
-  if (p.pair) {
-    raised_pair.run("raising the fused prefill pair kernel's shared-memory limit", [] {
-      return cudaFuncSetAttribute(fused_prefill_pair_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-    });
-    fused_prefill_pair_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
-  } else {
-    raised.run("raising the fused prefill kernel's shared-memory limit", [] {
-      return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-    });
-    fused_prefill_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
-  }
+  static PerDeviceOnce raised[2];  // [pair]
+  const auto kernel = p.pair ? fused_prefill_pair_kernel : fused_prefill_kernel;
+  raised[p.pair].run("raising the fused prefill kernel's shared-memory limit", [kernel] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  });
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) fail(ErrorCode::kCudaError, "launching the fused prefill kernel failed: ", cudaGetErrorString(err));
 #ifdef FLASHKDA_FUSED_TIMING
