@@ -105,8 +105,8 @@ struct Small {
   static constexpr uint32_t kDecay = kEKr + kBlocks * kD * 4;    // [128] e^G_C, read by the step
   static constexpr uint32_t kBarriers = kDecay + kD * 4;         // q/k/g full[2], v full[2]
   static constexpr uint32_t kItemSeq = kBarriers + 4 * 8;        // int64: the block's sequence (FusedParams::longest_first)
-  static constexpr uint32_t kStateIn = kItemSeq + 8;             // a pair's barrier: the state handed over (FusedParams::pair)
-  static constexpr uint32_t kBytes = kStateIn + 8;
+  static constexpr uint32_t kPeerIn = kItemSeq + 8;              // a pair's barrier: the other block's chunk handed over (PeerIn)
+  static constexpr uint32_t kBytes = kPeerIn + 8;
 };
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
@@ -138,8 +138,8 @@ struct Schedule {
     const int n = (c - first) >> shift;
     return {n % stages, static_cast<uint32_t>(n / stages) & 1u};
   }
-  // A pair: the parity of the state's hand-over before chunk c, the block's k-th (block 0 gets none
-  // for chunk 0, its initial state).
+  // A pair: the parity of the hand-over before chunk c (the other block's chunk c - 1), the
+  // block's k-th (block 0 gets none before chunk 0).
   __host__ __device__ constexpr uint32_t handover_parity(int c) const {
     return static_cast<uint32_t>(((c - first) >> shift) - (first == 0 ? 1 : 0)) & 1u;
   }
@@ -166,16 +166,27 @@ constexpr bool schedules_agree(int chunks) {
 static_assert(schedules_agree(9) && schedules_agree(10), "the chunk schedules");
 
 // A pair (FusedParams::pair): two blocks of a cluster take one item, block r its chunks r, r + 2,
-// .. and the state from the other block before each step. Each block's chunks then come one input
-// stage at a time (the next one's q, k, g and v are prefetched into the L2 a chunk ahead), and the
-// second stage's place takes the state handed over: S^T in fp32, a math thread's 64 values as 16
-// float4 at [i][thread] (consecutive threads, consecutive 16 bytes).
-constexpr uint32_t kStateInBytes = kMathThreads * 64 * 4;
+// .. Both keep the whole state: each block's step hands the other what it needs to follow, U^T of
+// its chunk (the fp16 A fragments its own update takes) with the rows' scales, and Kr^T and e^G_C;
+// before its next chunk the other block applies that chunk's update to its own copy, the same
+// operations on the same operands. 32 KB a chunk, Kr^T beside the step's first product and U^T
+// after U, where S^T in fp32 was 64 KB after the update (that hand-over through distributed shared
+// memory was ~4.2K cycles of a ~7.3K step at 5a4ac03).
+// Each block's chunks come one input stage at a time (the next one's q, k, g and v can be
+// prefetched into the L2 a chunk ahead), and the second stage's place takes what comes in:
+struct PeerIn {
+  static constexpr uint32_t kU = 0;                                // U^T: a math thread's ua[4] as 4 uint4 at [k-step][thread]
+  static constexpr uint32_t kE = kU + kMathThreads * 4 * 16;       // the rows' scales e_row: int2 at [thread]
+  static constexpr uint32_t kKr = 18 * 1024;                       // Kr^T: the [128][64] tile image of kSmemKrT
+  static constexpr uint32_t kDecay = kKr + kKrTBytes;               // e^G_C: [128] fp32
+  static constexpr uint32_t kBytes = kDecay + kD * 4;
+};
+static_assert(PeerIn::kKr >= PeerIn::kE + kMathThreads * 8 && PeerIn::kKr % 1024 == 0, "Kr^T after the scales, aligned");
 
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
-constexpr uint32_t kSmemStateIn = kSmemIn + kInBytes;  // a pair's: the second input stage's place
-static_assert(kInStages == 2 && kStateInBytes <= kInBytes, "a pair's state fits the second input stage");
+constexpr uint32_t kSmemPeerIn = kSmemIn + kInBytes;  // a pair's: the second input stage's place
+static_assert(kInStages == 2 && PeerIn::kBytes <= kInBytes, "what a pair's block receives fits the second input stage");
 constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
 static_assert(OpStage::kM + tile_offset(kC, 0, kC) == OpStage::kBytes, "Kr^T's rows continue M's (kSmemKrT right after the stage)");
 constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;

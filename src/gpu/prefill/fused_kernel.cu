@@ -811,22 +811,95 @@ struct StateRows {
   int e_row[2] = {0, 0};
 };
 
-// A pair's hand-over of S^T (fused_config.h, kSmemStateIn): this block's buffer and barrier, where
-// the other block's step puts the state before each of this block's chunks but its first, and the
-// other block's (shared::cluster addresses).
-struct StateLink {
-  const uint8_t* buf;
+// A pair's hand-over (fused_config.h, PeerIn): this block's receive region and barrier, and the
+// other block's (shared::cluster addresses). The owner of chunk c sends Kr^T and e^G_C once its
+// operand stage is complete (send_kr, beside its step's first products), then U^T and the rows'
+// scales (send_u), and every math thread arrives once on the other block's barrier (256 a phase),
+// which releases all of that thread's stores of the chunk. The other block applies the chunk's
+// update to its own copy of the state before its next step (catch_up).
+// One buffer, without a barrier of its own for its reuse: a block writes chunk c's hand-over in
+// its step c, after it has applied chunk c - 1, whose hand-over the other block sent after it had
+// applied chunk c - 2 (its wgmma waited for), the buffer's previous use. The order passes through
+// the barrier's release and acquire.
+struct PeerLink {
+  uint8_t* buf;
   uint64_t* bar;
   uint32_t peer_buf, peer_bar;
-  // S^T 2^e_row in fp32 into the other block's buffer, then one arrival a math thread on its barrier
-  // (256 a phase), which releases the stores.
-  __device__ void send(const MathLane& L, const StateRows& S) const {
-    const float f0 = pow2(S.e_row[0]), f1 = pow2(S.e_row[1]);
-    const uint32_t dst = peer_buf + 16 * static_cast<uint32_t>(L.thread());
+  // Kr^T (16 KB) and e^G_C (512 B) of the chunk into the other block's buffer: a math thread's four
+  // and (threads 0 .. 31) one more 16-byte pieces, copied as they lie.
+  __device__ void send_kr(const MathLane& L, const Regions& R) const {
+    const uint32_t n = static_cast<uint32_t>(L.thread());
+    const uint32_t kr = peer_buf + PeerIn::kKr;
+    const uint4* src = reinterpret_cast<const uint4*>(R.krt);
+    static_assert(kKrTBytes == 4 * 16 * kMathThreads && kD * 4 == 16 * 32, "four pieces a thread, and 32 of e^G_C");
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      ptx::st_cluster_v4(dst + 16 * kMathThreads * i, make_float4(S.s[4 * i] * f0, S.s[4 * i + 1] * f0, S.s[4 * i + 2] * f1, S.s[4 * i + 3] * f1));
+    for (int i = 0; i < 4; ++i) ptx::st_cluster_v4(kr + 16 * (kMathThreads * i + n), src[kMathThreads * i + n]);
+    if (n < 32) ptx::st_cluster_v4(peer_buf + PeerIn::kDecay + 16 * n, reinterpret_cast<const uint4*>(R.f(Small::kDecay))[n]);
+  }
+  // The identity update (U^T and Kr^T zero, e^G_C one, the scales zero as load_state's), for
+  // catch_up before block 0's first chunk; by every thread before the cluster's first barrier.
+  __device__ void clear() const {
+    for (uint32_t i = threadIdx.x; i < PeerIn::kDecay / 16; i += kThreads) reinterpret_cast<uint4*>(buf)[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (threadIdx.x < kD) reinterpret_cast<float*>(buf + PeerIn::kDecay)[threadIdx.x] = 1.f;
+    ptx::fence_proxy_async_shared();  // Kr^T's zeros are read by wgmma
+  }
+  // U^T's fp16 A fragments and the rows' scales, then the arrival that releases them with send_kr's.
+  __device__ void send_u(const MathLane& L, const uint32_t (&ua)[4][4], const StateRows& S) const {
+    const uint32_t n = static_cast<uint32_t>(L.thread());
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ptx::st_cluster_v4(peer_buf + PeerIn::kU + 16 * (kMathThreads * ks + n), make_uint4(ua[ks][0], ua[ks][1], ua[ks][2], ua[ks][3]));
+    ptx::st_cluster_v2(peer_buf + PeerIn::kE + 8 * n, make_int2(S.e_row[0], S.e_row[1]));
+    ptx::fence_proxy_async_shared_cluster();  // Kr^T is read by the other block's wgmma
     ptx::mbarrier_arrive_remote_release(peer_bar);
+  }
+  // The other block's last chunk (the hand-over of this parity) on this block's copy of S^T, as its
+  // owner did it (step_operands' rescale, then step's decay and update): S^T 2^-e <- e^G_C S^T 2^-e
+  // + U^T Kr, e the owner's new scales; then the scales are the owner's.
+  // Before the block's first chunk there is nothing to wait for: block 0 applies the identity its
+  // buffer starts with (clear), so that the wgmma is not in a branch (there ptxas serialized the
+  // kernel's wgmma for want of registers).
+  __device__ void catch_up(const MathLane& L, bool wait, uint32_t parity, StateRows& S) const {
+    if (wait) {
+      ptx::mbarrier_wait_parity<true>(bar, parity);
+      ptx::fence_proxy_async_shared();  // Kr^T, written by the other block's stores, read by wgmma
+    }
+    const uint32_t n = static_cast<uint32_t>(L.thread());
+    uint32_t ua[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint4 x = reinterpret_cast<const uint4*>(buf + PeerIn::kU)[kMathThreads * ks + n];
+      ua[ks][0] = x.x, ua[ks][1] = x.y, ua[ks][2] = x.z, ua[ks][3] = x.w;
+    }
+    const int2 e = reinterpret_cast<const int2*>(buf + PeerIn::kE)[n];
+    const int e_new[2] = {e.x, e.y};
+    float (&s)[64] = S.s;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float f = pow2(S.e_row[h] - e_new[h]);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) s[4 * j + 2 * h] *= f, s[4 * j + 2 * h + 1] *= f;
+      S.e_row[h] = e_new[h];
+    }
+    const float* decay = reinterpret_cast<const float*>(buf + PeerIn::kDecay);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * L.t);
+      s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+    }
+    // The owner's instruction (m64n192, M's 64 rows before Kr^T), so that both copies stay the
+    // same bits: here 8 KB of U^T's place stand in for M, into an accumulator nobody reads.
+    static_assert(PeerIn::kKr >= tile_offset(kC, 0, kC), "64 rows of anything before Kr^T");
+    const uint64_t d_kr = ptx::smem_matrix_desc(buf + PeerIn::kKr - tile_offset(kC, 0, kC), 128, tile_stride_bytes(kC));
+    float unused[32] = {};
+    ptx::fence_operands(ua);
+    ptx::fence_operands(s);
+    ptx::fence_operands(unused);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(unused, s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks));
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(s);
   }
 };
 
@@ -884,21 +957,12 @@ struct StepOperands {
 // otherwise wait for the prep warpgroup's levels.
 template <bool kPair>
 __device__ __forceinline__ void step_operands(const Item& it, int c, const MathLane& L, const Regions& R, const InBarriers& bars,
-                                              const StateLink& link, StateRows& S, StepOperands& o) {
+                                              const PeerLink& link, StateRows& S, StepOperands& o) {
   const int t = L.t;
   const int count = it.count(c);
   float (&s)[64] = S.s;
   if constexpr (kPair) {
-    if (c > 0) {  // S^T after chunk c - 1, from the other block's step, in its true scale
-      ptx::mbarrier_wait_parity<true>(link.bar, bars.order.handover_parity(c));
-      const float4* in = reinterpret_cast<const float4*>(link.buf) + L.thread();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float4 x = in[i * kMathThreads];
-        s[4 * i] = x.x, s[4 * i + 1] = x.y, s[4 * i + 2] = x.z, s[4 * i + 3] = x.w;
-      }
-      S.e_row[0] = S.e_row[1] = 0;
-    }
+    link.catch_up(L, c > 0, bars.order.handover_parity(c), S);  // chunk c - 1, the other block's
   }
   ptx::mbarrier_wait_parity(&bars.v[bars.order.at(c).stage], bars.order.at(c).phase);
 
@@ -957,7 +1021,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
 // The rest of chunk c's step, after the operand stage is complete: writes the out rows over V,
 // then to device memory.
 template <bool kPair>
-__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, const StateLink& link,
+__device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c, const MathLane& L, const Regions& R, const PeerLink& link,
                                      StateRows& S, StepOperands& o) {
   const int t = L.t;
   const int count = it.count(c);
@@ -972,21 +1036,28 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   const uint64_t d_w = ptx::smem_matrix_desc(op + OpStage::kW, 128, tile_stride_bytes(kC));
   float u[32], pacc[32];
   FUSED_MARK(c, 11);
+  const bool hand_over = kPair && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
+  if (hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
   ptx::fence_operands(y);
   ptx::wgmma_fence();
+  uint32_t ya[4][4], ua[4][4];
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(y, sa[ks], ptx::smem_matrix_desc_advance(d_kt, 256 * ks), true, true);
   ptx::wgmma_commit();
+  // One block an item: P beside Y. A pair: P after U, which is on the pair's chain, and Kr^T goes
+  // over beside Y.
+  auto issue_p = [&] {
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<1>();
+    for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
+    ptx::wgmma_commit();
+  };
+  if constexpr (!kPair) issue_p();
+  ptx::wgmma_wait<kPair ? 0 : 1>();
   ptx::fence_operands(y);
   FUSED_MARK(c, 12);
 
-  uint32_t ya[4][4];
   ptx::f16_a_from_d<4>(y, ya);
   ptx::fence_operands(ya);
   ptx::wgmma_fence();
@@ -996,9 +1067,13 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::wgmma_wait<0>();
   ptx::fence_operands(u);
   FUSED_MARK(c, 13);
-
-  uint32_t ua[4][4];
   ptx::f16_a_from_d<4>(u, ua);
+  if (hand_over) link.send_u(L, ua, S);
+  if constexpr (kPair) {
+    ptx::wgmma_fence();
+    issue_p();
+  }
+
   // The decay, before S^T goes back into an accumulator (beside Y and P, or beside U, ptxas spilled).
   const float* decay = R.f(Small::kDecay);
 #pragma unroll
@@ -1017,9 +1092,6 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::fence_operands(s);
   ptx::fence_operands(pacc);
   FUSED_MARK(c, 14);
-  if constexpr (kPair) {  // the other block's next chunk starts from this state: hand it over first
-    if (c + 1 < it.chunks()) link.send(L, S);
-  }
 
   // out rows: O^T = P^T 2^e_row into this warpgroup's V box (read above) by stmatrix.trans (the
   // warp's 16 value rows x 16 tokens a store: token rows of 8 + 8 values), then to device memory.
@@ -1086,11 +1158,11 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
   auto regions = [&](int c) {
     return Regions{in_stages + order.at(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
   };
-  uint64_t* state_bar = reinterpret_cast<uint64_t*>(small + Small::kStateIn);
-  StateLink link{smem + kSmemStateIn, state_bar, 0u, 0u};
+  uint64_t* peer_bar = reinterpret_cast<uint64_t*>(small + Small::kPeerIn);
+  PeerLink link{smem + kSmemPeerIn, peer_bar, 0u, 0u};
   if constexpr (kPair) {
-    link.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemStateIn), static_cast<uint32_t>(rank ^ 1));
-    link.peer_bar = ptx::map_to_rank(ptx::smem_addr(state_bar), static_cast<uint32_t>(rank ^ 1));
+    link.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemPeerIn), static_cast<uint32_t>(rank ^ 1));
+    link.peer_bar = ptx::map_to_rank(ptx::smem_addr(peer_bar), static_cast<uint32_t>(rank ^ 1));
   }
 
   Item it;
@@ -1119,7 +1191,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kInStages; ++s) ptx::mbarrier_init(&barriers[s], 1);
-    if (kPair) ptx::mbarrier_init(state_bar, kMathThreads);
+    if (kPair) ptx::mbarrier_init(peer_bar, kMathThreads);
     ptx::fence_mbarrier_init();
     // The first chunks' inputs: q, k, g a stage each, v of all but the last (prep_rest loads the others).
     for (int n = 0; n < order.stages && order.chunk(n) < chunks; ++n) load_qkg(p, it, order.chunk(n), in_stages, bars);
@@ -1137,7 +1209,10 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
       at<uint32_t>(smem + kSmemOp, OpStage::kW + tile_offset(r, col, kC)) = 0u;
     }
   }
-  if constexpr (kPair) ptx::cluster_sync();  // the other block's state barrier initialised before this one arrives on it
+  if constexpr (kPair) {
+    if (rank == 0) link.clear();
+    ptx::cluster_sync();  // the other block's barrier initialised before this one arrives on it
+  }
   else __syncthreads();
 
   const PrepWarp L0 = PrepWarp::of_thread();
@@ -1171,7 +1246,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     const int tid = threadIdx.x - kPrepThreads;
     const MathLane M{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
     StateRows S;
-    if (rank == 0) load_state(p, it, M, S);  // a pair's other block gets it handed over
+    load_state(p, it, M, S);  // both blocks of a pair: each keeps its own copy
     for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();

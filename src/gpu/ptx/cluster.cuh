@@ -21,10 +21,16 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t local, uint32_t rank) {
   return remote;
 }
 
-__device__ __forceinline__ void st_cluster_v4(uint32_t remote, float4 v) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
+__device__ __forceinline__ void st_cluster_v4(uint32_t remote, uint4 v) {
+  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
+__device__ __forceinline__ void st_cluster_v2(uint32_t remote, int2 v) {
+  asm volatile("st.shared::cluster.v2.b32 [%0], {%1, %2};\n" ::"r"(remote), "r"(v.x), "r"(v.y) : "memory");
+}
+
+// This thread's earlier generic-proxy writes to shared memory of the cluster (st.shared::cluster)
+// ordered before the async proxy's accesses (the other block's wgmma reading them).
+__device__ __forceinline__ void fence_proxy_async_shared_cluster() { asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory"); }
 
 // One arrival on an mbarrier of another block (a shared::cluster address from map_to_rank),
 // ordering this thread's earlier stores (to either block) before it at cluster scope.
