@@ -599,6 +599,57 @@ TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) {
   }
 }
 
+// The pair form with the update handed over (FLASHKDA_FUSED_PAIR_U=1, FusedParams::pair_u: each
+// block keeps its own copy of the state and applies the other's chunks with the owner's own
+// operations and instruction): the same cases, and bit for bit one block an item.
+class GpuPrefillFusedPairU : public GpuPrefillFusedPair {
+ protected:
+  void SetUp() override {
+    GpuPrefillFusedPair::SetUp();
+    setenv("FLASHKDA_FUSED_PAIR_U", "1", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_FUSED_PAIR_U");
+    GpuPrefillFusedPair::TearDown();
+  }
+};
+
+TEST_F(GpuPrefillFusedPairU, EdgeLengthsEveryStateForm) {
+  expect_edge_lengths_every_state_form(670);
+  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 671));
+}
+
+TEST_F(GpuPrefillFusedPairU, LongSequencesManyHeads) {
+  expect_matches_oracle(packed({1000, 4097}, 2, 672));
+  expect_matches_oracle(packed({8192}, 2, 673));
+  expect_matches_oracle(packed({300, 40, 129}, 32, 674));
+}
+
+TEST_F(GpuPrefillFusedPairU, LargeStatesAndDecaySweep) { expect_large_states(675, {-8.0f, 0.0f, 8.0f}); }
+
+TEST_F(GpuPrefillFusedPairU, LargeAndSmallValues) { expect_large_and_small_values(676); }
+
+// Lengths 0 to 400 (a block with no chunk, one, several; block 1 applying block 0's first chunk,
+// block 0 its identity update), fp32 and bf16 states: every output bit for bit the one-block
+// form's and the state hand-over's, twice.
+TEST_F(GpuPrefillFusedPairU, BitForBitOneBlockAnItem) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, 677);
+    spec.init = InitState::kNormal;
+    spec.init_dtype = spec.final_dtype = dtype;
+    RandomProblem host(spec);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_FUSED_PAIR", "0", 1);
+    const DeviceProblem::Outputs base = dev.run_fresh();
+    setenv("FLASHKDA_FUSED_PAIR", "1", 1);
+    for (const char* form : {"1", "0", "1"}) {
+      setenv("FLASHKDA_FUSED_PAIR_U", form, 1);
+      expect_same_outputs(dev, base, std::string("FLASHKDA_FUSED_PAIR_U=") + form);
+    }
+    expect_matches_oracle(host);
+  }
+}
+
 // The plan's own choice, nothing forced: sequences of 1024 tokens or more on average on
 // (sequence, head) items for 70% of the multiprocessors or more take the fused prefill
 // (prefill_launch.cu, use_fused), longest first. The smallest such call on this device.

@@ -389,6 +389,9 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     // The L2 prefetch measured no better (H100: P4 0.630-0.635 against 0.624-0.630 without, P10
     // 1.242-1.243 against 1.226): off unless FLASHKDA_FUSED_PAIR_PREFETCH=1.
     plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") == 1;
+    // The pair's hand-over of the update (~32 KB a chunk, the state 64 KB; docs/perf-notes.md, "The
+    // pair hands over U^T"): built and compiled clean, not yet run on a GPU, so opt-in.
+    plan.fused_pair_u = forced_switch("FLASHKDA_FUSED_PAIR_U") == 1;
     return plan;
   }
   if (use_wgmma(p)) {
@@ -445,7 +448,7 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
-                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch};
+                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, plan.fused_pair_u};
   launch_fused(f, stream);
 }
 

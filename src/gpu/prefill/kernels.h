@@ -219,6 +219,10 @@ struct FusedParams {
   // while the other steps. For items that fill at most half the multiprocessors (PrefillPlan::fused_pair).
   bool pair;
   bool pair_prefetch;  // pair: each chunk's inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; off by default)
+  // pair: each block keeps its own copy of the state and the owner of a chunk hands over U^T, Kr^T
+  // and e^G_C (32 KB) instead of S^T after its update (64 KB) (FLASHKDA_FUSED_PAIR_U=1; built and
+  // compiled clean, not yet run on a GPU: off by default).
+  bool pair_u;
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 
