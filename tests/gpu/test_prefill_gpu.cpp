@@ -547,10 +547,10 @@ TEST_F(GpuPrefillFused, LongestFirstUpToItsBound) {
   }
 }
 
-// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item, each with
-// its own copy of the state, which applies the other's chunks from what the other hands over): the
-// same cases, and bit for bit the results of one block an item (both copies take the one-block
-// form's operations, its rescale and its update instruction).
+// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item, the
+// state handed over between them before each step): the same cases, and bit for bit the results
+// of one block an item (the state goes over in its true scale, exactly what the one-block form's
+// rescale gives).
 class GpuPrefillFusedPair : public GpuPrefillFused {
  protected:
   void SetUp() override {
