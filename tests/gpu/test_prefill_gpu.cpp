@@ -578,11 +578,11 @@ TEST_F(GpuPrefillFusedPair, LargeStatesAndDecaySweep) { expect_large_states(665,
 
 TEST_F(GpuPrefillFusedPair, LargeAndSmallValues) { expect_large_and_small_values(666); }
 
-// Lengths 0 to 400 (a block of a pair with no chunk, one, several), fp32 and bf16 states, with and
-// without the L2 prefetch: every output bit for bit the one-block form's, twice.
-TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) {
+// Lengths 0 to 400 (a block of a pair with no chunk, one, several), fp32 and bf16 states: every
+// output of the pair form bit for bit the one-block form's, twice under each value of `var` in turn.
+void expect_pair_bit_for_bit_one_block(uint64_t seed, const char* var, std::initializer_list<const char*> values) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, 667);
+    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, seed);
     spec.init = InitState::kNormal;
     spec.init_dtype = spec.final_dtype = dtype;
     RandomProblem host(spec);
@@ -590,14 +590,16 @@ TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) {
     setenv("FLASHKDA_FUSED_PAIR", "0", 1);
     const DeviceProblem::Outputs base = dev.run_fresh();
     setenv("FLASHKDA_FUSED_PAIR", "1", 1);
-    for (const char* prefetch : {"1", "0"}) {
-      setenv("FLASHKDA_FUSED_PAIR_PREFETCH", prefetch, 1);
-      for (int run = 0; run < 2; ++run)
-        expect_same_outputs(dev, base, std::string("prefetch ") + prefetch + ", run " + std::to_string(run));
+    for (const char* value : values) {
+      setenv(var, value, 1);
+      for (int run = 0; run < 2; ++run) expect_same_outputs(dev, base, std::string(var) + "=" + value + ", run " + std::to_string(run));
     }
     expect_matches_oracle(host);
   }
 }
+
+// With and without the L2 prefetch.
+TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) { expect_pair_bit_for_bit_one_block(667, "FLASHKDA_FUSED_PAIR_PREFETCH", {"1", "0"}); }
 
 // The pair form with the update handed over (FLASHKDA_FUSED_PAIR_U=1, FusedParams::pair_u: each
 // block keeps its own copy of the state and applies the other's chunks with the owner's own
@@ -629,26 +631,9 @@ TEST_F(GpuPrefillFusedPairU, LargeStatesAndDecaySweep) { expect_large_states(675
 
 TEST_F(GpuPrefillFusedPairU, LargeAndSmallValues) { expect_large_and_small_values(676); }
 
-// Lengths 0 to 400 (a block with no chunk, one, several; block 1 applying block 0's first chunk,
-// block 0 its identity update), fp32 and bf16 states: every output bit for bit the one-block
-// form's and the state hand-over's, twice.
-TEST_F(GpuPrefillFusedPairU, BitForBitOneBlockAnItem) {
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, 677);
-    spec.init = InitState::kNormal;
-    spec.init_dtype = spec.final_dtype = dtype;
-    RandomProblem host(spec);
-    DeviceProblem dev(host);
-    setenv("FLASHKDA_FUSED_PAIR", "0", 1);
-    const DeviceProblem::Outputs base = dev.run_fresh();
-    setenv("FLASHKDA_FUSED_PAIR", "1", 1);
-    for (const char* form : {"1", "0", "1"}) {
-      setenv("FLASHKDA_FUSED_PAIR_U", form, 1);
-      expect_same_outputs(dev, base, std::string("FLASHKDA_FUSED_PAIR_U=") + form);
-    }
-    expect_matches_oracle(host);
-  }
-}
+// Block 1 applying block 0's first chunk, block 0 its identity update; the state's hand-over
+// between the update's.
+TEST_F(GpuPrefillFusedPairU, BitForBitOneBlockAnItem) { expect_pair_bit_for_bit_one_block(677, "FLASHKDA_FUSED_PAIR_U", {"1", "0", "1"}); }
 
 // The plan's own choice, nothing forced: sequences of 1024 tokens or more on average on
 // (sequence, head) items for 70% of the multiprocessors or more take the fused prefill

@@ -816,6 +816,27 @@ struct StateRows {
   int e_row[2] = {0, 0};
 };
 
+// S^T 2^-e <- e^G_C S^T 2^-e + U^T Kr^T, with P^T += U^T M^T beside it: the state's decay, then one
+// m64n192 wgmma a k-step (A = U^T; B = M's 64 rows then Kr^T's 128, `d_mkr`). The step's update,
+// and a pair's catch-up on the other block's chunk (there into an accumulator nobody reads).
+__device__ __forceinline__ void decay_and_update(float (&s)[64], float (&pacc)[32], uint32_t (&ua)[4][4], const float* decay, int t,
+                                                 uint64_t d_mkr) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
+    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
+  }
+  ptx::fence_operands(ua);
+  ptx::fence_operands(s);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(pacc, s, ua[ks], ptx::smem_matrix_desc_advance(d_mkr, 256 * ks));
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_operands(s);
+  ptx::fence_operands(pacc);
+}
+
 // A pair's hand-over (fused_config.h, kSmemPeerIn): this block's receive region and barrier, and
 // the other block's (shared::cluster addresses).
 // Form::kPairState: after each step, S^T in fp32 and true scale (64 KB: a math thread's 64 values
@@ -909,26 +930,13 @@ struct PeerLink {
       for (int j = 0; j < 16; ++j) s[4 * j + 2 * h] *= f, s[4 * j + 2 * h + 1] *= f;
       S.e_row[h] = e_new[h];
     }
-    const float* decay = reinterpret_cast<const float*>(buf + PeerIn::kDecay);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * L.t);
-      s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-    }
     // The owner's instruction (m64n192, M's 64 rows before Kr^T), so that both copies stay the
-    // same bits: here 8 KB of U^T's place stand in for M, into an accumulator nobody reads.
+    // same bits: here 8 KB of U^T's place stand in for M.
     static_assert(PeerIn::kKr >= tile_offset(kC, 0, kC), "64 rows of anything before Kr^T");
-    const uint64_t d_kr = ptx::smem_matrix_desc(buf + PeerIn::kKr - tile_offset(kC, 0, kC), 128, tile_stride_bytes(kC));
     float unused[32] = {};
-    ptx::fence_operands(ua);
-    ptx::fence_operands(s);
     ptx::fence_operands(unused);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(unused, s, ua[ks], ptx::smem_matrix_desc_advance(d_kr, 256 * ks));
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(s);
+    decay_and_update(s, unused, ua, reinterpret_cast<const float*>(buf + PeerIn::kDecay), L.t,
+                     ptx::smem_matrix_desc(buf + PeerIn::kKr - tile_offset(kC, 0, kC), 128, tile_stride_bytes(kC)));
   }
 };
 
@@ -1105,23 +1113,9 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
     issue_p();
   }
 
-  // The decay, before S^T goes back into an accumulator (beside Y and P, or beside U, ptxas spilled).
-  const float* decay = R.f(Small::kDecay);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * t);
-    s[4 * j] *= d.x, s[4 * j + 1] *= d.y, s[4 * j + 2] *= d.x, s[4 * j + 3] *= d.y;
-  }
-  ptx::fence_operands(ua);
-  ptx::fence_operands(s);
-  ptx::wgmma_fence();
-  // O's M U and the state's update share A = U^T: one m64n192 a k-step.
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_pair<64, 128>(pacc, s, ua[ks], ptx::smem_matrix_desc_advance(d_mkr, 256 * ks));
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_operands(s);
-  ptx::fence_operands(pacc);
+  // The decay, before S^T goes back into an accumulator (beside Y and P, or beside U, ptxas spilled);
+  // O's M U and the state's update share A = U^T.
+  decay_and_update(s, pacc, ua, R.f(Small::kDecay), t, d_mkr);
   FUSED_MARK(c, 14);
   if constexpr (kForm == Form::kPairState) {  // the other block's next chunk starts from this state: hand it over first
     if (hand_over) link.send_state(L, S);
