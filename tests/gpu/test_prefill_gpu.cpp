@@ -510,16 +510,19 @@ class GpuPrefillFused : public GpuPrefillForced {
   }
 };
 
+// Long sequences and many heads for the fused prefill's forms: seeds seed .. seed + 2.
+void expect_fused_long_sequences(uint64_t seed) {
+  expect_matches_oracle(packed({1000, 4097}, 2, seed));
+  expect_matches_oracle(packed({8192}, 2, seed + 1));
+  expect_matches_oracle(packed({300, 40, 129}, 32, seed + 2));
+}
+
 TEST_F(GpuPrefillFused, EdgeLengthsEveryStateForm) {
   expect_edge_lengths_every_state_form(640);
   expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191}, 3, 644));
 }
 
-TEST_F(GpuPrefillFused, LongSequencesManyHeads) {
-  expect_matches_oracle(packed({1000, 4097}, 2, 645));
-  expect_matches_oracle(packed({8192}, 2, 646));
-  expect_matches_oracle(packed({300, 40, 129}, 32, 647));
-}
+TEST_F(GpuPrefillFused, LongSequencesManyHeads) { expect_fused_long_sequences(645); }
 
 TEST_F(GpuPrefillFused, LargeStatesAndDecaySweep) { expect_large_states(648, {-8.0f, 0.0f, 8.0f}); }
 
@@ -568,11 +571,7 @@ TEST_F(GpuPrefillFusedPair, EdgeLengthsEveryStateForm) {
   expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 661));
 }
 
-TEST_F(GpuPrefillFusedPair, LongSequencesManyHeads) {
-  expect_matches_oracle(packed({1000, 4097}, 2, 662));
-  expect_matches_oracle(packed({8192}, 2, 663));
-  expect_matches_oracle(packed({300, 40, 129}, 32, 664));
-}
+TEST_F(GpuPrefillFusedPair, LongSequencesManyHeads) { expect_fused_long_sequences(662); }
 
 TEST_F(GpuPrefillFusedPair, LargeStatesAndDecaySweep) { expect_large_states(665, {-8.0f, 0.0f, 8.0f}); }
 
@@ -621,11 +620,7 @@ TEST_F(GpuPrefillFusedPairU, EdgeLengthsEveryStateForm) {
   expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 671));
 }
 
-TEST_F(GpuPrefillFusedPairU, LongSequencesManyHeads) {
-  expect_matches_oracle(packed({1000, 4097}, 2, 672));
-  expect_matches_oracle(packed({8192}, 2, 673));
-  expect_matches_oracle(packed({300, 40, 129}, 32, 674));
-}
+TEST_F(GpuPrefillFusedPairU, LongSequencesManyHeads) { expect_fused_long_sequences(672); }
 
 TEST_F(GpuPrefillFusedPairU, LargeStatesAndDecaySweep) { expect_large_states(675, {-8.0f, 0.0f, 8.0f}); }
 
