@@ -814,6 +814,13 @@ enum class Form { kOne, kPairState, kPairU };
 struct StateRows {
   float s[64];
   int e_row[2] = {0, 0};
+  // Row h (of the two) to the scale 2^-e: exact, a power of two.
+  __device__ __forceinline__ void set_scale(int h, int e) {
+    const float f = pow2(e_row[h] - e);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) s[4 * j + 2 * h] *= f, s[4 * j + 2 * h + 1] *= f;
+    e_row[h] = e;
+  }
 };
 
 // S^T 2^-e <- e^G_C S^T 2^-e + U^T Kr^T, with P^T += U^T M^T beside it: the state's decay, then one
@@ -921,15 +928,9 @@ struct PeerLink {
       ua[ks][0] = x.x, ua[ks][1] = x.y, ua[ks][2] = x.z, ua[ks][3] = x.w;
     }
     const int2 e = reinterpret_cast<const int2*>(buf + PeerIn::kE)[n];
-    const int e_new[2] = {e.x, e.y};
+    S.set_scale(0, e.x);
+    S.set_scale(1, e.y);
     float (&s)[64] = S.s;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float f = pow2(S.e_row[h] - e_new[h]);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) s[4 * j + 2 * h] *= f, s[4 * j + 2 * h + 1] *= f;
-      S.e_row[h] = e_new[h];
-    }
     // The owner's instruction (m64n192, M's 64 rows before Kr^T), so that both copies stay the
     // same bits: here 8 KB of U^T's place stand in for M.
     static_assert(PeerIn::kKr >= tile_offset(kC, 0, kC), "64 rows of anything before Kr^T");
@@ -1035,14 +1036,10 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
     float m = fmaxf(smax * pow2(S.e_row[h]), vmax[h]);  // true scale
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    // max in [4, 8) at 2^-e_new; a row of zeros, Inf or NaN keeps its scale (branch-free: a
+    // max in [4, 8) at the new scale; a row of zeros, Inf or NaN keeps its scale (branch-free: a
     // conditional rescale of all of S^T would cost ptxas a second copy of it).
     const bool rescale = m > 0.f && m < __int_as_float(0x7f800000);
-    const int e_new = rescale ? exponent_of(m) - 2 : S.e_row[h];
-    const float f = pow2(S.e_row[h] - e_new);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) s[4 * j + 2 * h] *= f, s[4 * j + 2 * h + 1] *= f;
-    S.e_row[h] = e_new;
+    S.set_scale(h, rescale ? exponent_of(m) - 2 : S.e_row[h]);
     scale_v[h] = pow2(-S.e_row[h]);
   }
   // Y^T's accumulator starts at V^T 2^-e_row: element (row h, token 8 j + 2t + e) is D entry
