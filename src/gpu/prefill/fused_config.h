@@ -178,11 +178,10 @@ static_assert(schedules_agree(9) && schedules_agree(10), "the chunk schedules");
 struct PeerIn {
   static constexpr uint32_t kU = 0;                                // U^T: a math thread's ua[4] as 4 uint4 at [k-step][thread]
   static constexpr uint32_t kE = kU + kMathThreads * 4 * 16;       // the rows' scales e_row: int2 at [thread]
-  static constexpr uint32_t kKr = 18 * 1024;                       // Kr^T: the [128][64] tile image of kSmemKrT
+  static constexpr uint32_t kKr = (kE + kMathThreads * 8 + 1023) / 1024 * 1024;  // Kr^T (the [128][64] tile image of kSmemKrT), after the scales on a 1024-byte boundary
   static constexpr uint32_t kDecay = kKr + kKrTBytes;               // e^G_C: [128] fp32
   static constexpr uint32_t kBytes = kDecay + kD * 4;
 };
-static_assert(PeerIn::kKr >= PeerIn::kE + kMathThreads * 8 && PeerIn::kKr % 1024 == 0, "Kr^T after the scales, aligned");
 
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
