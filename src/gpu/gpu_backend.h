@@ -47,6 +47,9 @@ struct PrefillPlan {
   int split_segments = 0;        // kSplit: S segments, 2S - 1 runs at once
   bool split_compact = false;    // kSplit: 3-stage blocks, two a multiprocessor
   bool split_wgmma = false;      // kSplit: the runs on the wgmma pass, a block a head and run
+  // kSplit: the runs on the fused prefill instead, a block a head and run, chunks of 64 tokens
+  // (FusedParams::split_runs; no prep kernel, no records; FLASHKDA_SPLIT_FUSED=1)
+  bool split_fused = false;
   // kSplit: the segment states chained in one launch (StitchChain; FLASHKDA_STITCH_CHAIN=0: one
   // launch a step instead)
   bool stitch_chain_launch = true;

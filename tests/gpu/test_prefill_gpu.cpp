@@ -264,8 +264,12 @@ class GpuPrefillSplitSegments : public GpuPrefill,
   }
 };
 
-TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
-  for (const int64_t len : {0, 1, 17, 100, 1000, 4097}) {
+// Lengths 0 to 4097 (segments past the sequence's chunks are empty: A = I, B = 0), fp32 states, a
+// large state with little decay, and the chain without a final state. `extra`: more lengths.
+void expect_split_segments_match_oracle(std::vector<int64_t> extra = {}) {
+  std::vector<int64_t> lens = {0, 1, 17, 100, 1000, 4097};
+  lens.insert(lens.end(), extra.begin(), extra.end());
+  for (const int64_t len : lens) {
     expect_matches_oracle(packed({len}, 3, 700 + static_cast<uint64_t>(len)));
     ProblemSpec s;  // fixed-length form, fp32 states
     s.T = len;
@@ -285,10 +289,31 @@ TEST_P(GpuPrefillSplitSegments, MatchesOracle) {
   expect_matches_oracle(no_final);
 }
 
+TEST_P(GpuPrefillSplitSegments, MatchesOracle) { expect_split_segments_match_oracle(); }
+
 INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitSegments,
                          ::testing::Values(std::make_pair("wgmma", "3"), std::make_pair("wgmma", "16"),
                                            std::make_pair("2x2", "3"), std::make_pair("2x2", "4"),
                                            std::make_pair("2x2", "7"), std::make_pair("1x4", "4")));
+
+// The split pass's runs on the fused prefill (FLASHKDA_SPLIT_FUSED=1: chunks of 64 tokens, each run
+// preparing its own) at S = 3, 8 and 16, with lengths around its chunk too.
+class GpuPrefillSplitFused : public GpuPrefill, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    GpuPrefill::SetUp();
+    setenv("FLASHKDA_SPLIT_FUSED", "1", 1);
+    setenv("FLASHKDA_SPLIT_SEGMENTS", GetParam(), 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_SPLIT_FUSED");
+    unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+  }
+};
+
+TEST_P(GpuPrefillSplitFused, MatchesOracle) { expect_split_segments_match_oracle({63, 64, 65, 200, 1100}); }
+
+INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitFused, ::testing::Values("3", "8", "16"));
 
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   setenv("FLASHKDA_SPLIT", "1", 1);

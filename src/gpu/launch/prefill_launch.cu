@@ -342,6 +342,16 @@ bool pairs_fit(const Problem& p, int sms) { return 2 * p.N * p.H <= sms && p.tot
 bool pairs_fill(const Problem& p, int sms) {
   return pairs_fit(p, sms) && 100 * 2 * p.N * p.H >= kFusedMinItemsPercentOfSMs * int64_t{sms} && forced_switch("FLASHKDA_FUSED_PAIR") != 0;
 }
+// The split pass's runs on the fused prefill (FusedParams::split_runs): each run prepares its own chunks
+// of 64 tokens beside its chain, where the wgmma runs read the prep kernel's records of 16. Opt-in
+// (FLASHKDA_SPLIT_FUSED=1) until measured; where the wgmma runs would take the split pass.
+bool use_split_fused(const Problem& p) {
+  if (forced_switch("FLASHKDA_SPLIT_FUSED") != 1) return false;
+  if (const char* lacks = fused_prefill_lacks(p))
+    fail(ErrorCode::kUnsupported, "FLASHKDA_SPLIT_FUSED=1: the fused prefill does not take ", lacks, " yet; unset it");
+  return true;
+}
+
 bool use_fused(const Problem& p, int sms) {
   const int forced = forced_switch("FLASHKDA_FUSED");
   if (forced == 0) return false;
@@ -404,6 +414,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     plan.split_segments = split.segments;
     plan.split_compact = split.compact;
     plan.split_wgmma = split.wgmma;
+    plan.split_fused = split.wgmma && use_split_fused(p);
     c = split.layout;
   } else if (use_persistent(p, c, plan.multiprocessors)) {
     plan.pass = PrefillPlan::Pass::kPersistent;
@@ -418,9 +429,11 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
   }
 
   plan.state_f16 = use_f16_step(plan, c);
-  plan.record_bytes = static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
-  plan_tail(p, c, plan);
-  plan.state_after_prep = starts_after_prep(p, plan);
+  plan.record_bytes = plan.split_fused ? 0 : static_cast<size_t>(slots * p.H) * record_bytes(plan.records());
+  if (!plan.split_fused) {  // the fused runs have no prep kernel
+    plan_tail(p, c, plan);
+    plan.state_after_prep = starts_after_prep(p, plan);
+  }
   // Both measured at 5bb0a1e (perf-notes, versions table): P7 -3.1%, P8 -3.9%, P11 -1.3%; =0 keeps
   // the launch-a-step chain and the tile-a-block rows for A/B.
   plan.stitch_chain_launch = forced_switch("FLASHKDA_STITCH_CHAIN") != 0;
@@ -438,7 +451,7 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
 }
 
 // The fused prefill's launch: q, k, g, v and out as tensor maps of [64 tokens][64] swizzled boxes.
-void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t stream) {
+void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t stream, const StateSplit& split = {}) {
   auto tiles = [&](const uint16_t* data, const RowStrides& rows) {
     const ActivationView a = activation_view(data, rows, p, kHeadDim);  // token rows evenly spaced (the plan)
     return encode_token_tiles_map(data, p.total_tokens, p.H, a.token, a.head, fused::kC);
@@ -448,14 +461,88 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
-                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, plan.fused_pair_u};
+                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, plan.fused_pair_u, split};
   launch_fused(f, stream);
 }
+
+namespace {
+
+// The split pass's fp32 buffers after the records, in PrefillPlan::workspace_bytes' order: S_s^T at
+// the ends of segments 0 .. S-2, B_s^T and A_s^T of segments 1 .. S-1, then the out_b and out_a rows.
+StateSplit split_buffers(const PrefillPlan& plan, uint8_t* after_records) {
+  const int S = plan.split_segments;
+  auto* buffers = reinterpret_cast<float*>(after_records);
+  const int64_t state_elems = static_cast<int64_t>(plan.split_state_bytes / sizeof(float));
+  const int64_t row_elems = static_cast<int64_t>(plan.split_row_bytes / sizeof(float));
+  float* const boundary = buffers;
+  float* const b_t = boundary + (S - 1) * state_elems;
+  float* const a_t = b_t + (S - 1) * state_elems;
+  float* const out_b = a_t + (S - 1) * state_elems;
+  return {S, plan.split_compact, boundary, b_t, a_t, out_b, out_b + row_elems};
+}
+
+// The split pass (N = 1) after its 2S - 1 runs: the segment states chained (S_s = A_s S_{s-1} + B_s,
+// the last into the final state), then the out rows of segments 1 .. S-1 stitched in one launch.
+// `segment_chunk`: the tokens a chunk of the runs' segments (StateSplit::segment_tokens).
+void stitch_split(const Problem& p, const PrefillPlan& plan, const StateSplit& split, const SequenceTable& seqs, int segment_chunk,
+                  cudaStream_t stream) {
+  const int S = plan.split_segments;
+  const int64_t state_elems = static_cast<int64_t>(plan.split_state_bytes / sizeof(float));
+  float* const boundary = split.boundary;
+  const float* const a_t = split.a_t;
+  const float* const b_t = split.b_t;
+  const int H = static_cast<int>(p.H);
+  constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
+  const int chain_steps = p.final_state ? S - 1 : S - 2;
+  if (plan.stitch_chain_launch) {
+    const StitchChain chain{boundary, a_t, b_t, p.final_state, p.final_state_dtype == DType::kF32, S, chain_steps,
+                            state_elems};
+    if (chain_steps > 0) launch_stitch_chain(chain, H, stream);
+  } else {
+    for (int s = 1; s <= chain_steps; ++s) {  // one launch a step
+      const bool last = s == S - 1;
+      StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
+                         last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
+                         last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,
+                         kStateHead, 0, S, 0, seqs};
+      launch_stitch(chain, H, stream);
+    }
+  }
+  if (p.total_tokens > 0) {
+    // Rows of one segment: at most ceil(chunks / S) chunks (bos = 0 once cu_seqlens is checked;
+    // the kernel clamps to the real bounds either way).
+    const int64_t chunks = (p.total_tokens + segment_chunk - 1) / segment_chunk;
+    const int64_t segment_rows = (chunks + S - 1) / S * segment_chunk;
+    StitchParams rows{split.out_a, boundary, split.out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
+                      kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
+    rows.segment_chunk = segment_chunk;
+    if (plan.stitch_rows_kept) {
+      auto tiles_of = [&](const float* rows_f32) {  // [total, H, 128] fp32, the rows kernel's boxes
+        return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
+                                     kStitchRowStride, true);
+      };
+      rows.x_rows = tiles_of(rows.x);
+      rows.z_rows = tiles_of(rows.z);
+      rows.rows_wgmma = plan.stitch_rows_wgmma;
+      launch_stitch_rows(rows, H, plan.multiprocessors, stream);
+    } else {
+      launch_stitch(rows, H, stream, S - 1);
+    }
+  }
+}
+
+}  // namespace
 
 void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace, cudaStream_t stream) {
   if (p.N == 0) return;
   if (plan.pass == PrefillPlan::Pass::kFused) {
     fused_forward(p, plan, stream);
+    return;
+  }
+  if (plan.split_fused) {  // the runs prepare their own chunks: no records
+    const StateSplit split = split_buffers(plan, static_cast<uint8_t*>(workspace));
+    fused_forward(p, plan, stream, split);
+    stitch_split(p, plan, split, sequence_table(p), fused::kC, stream);
     return;
   }
 
@@ -525,56 +612,11 @@ void prefill_forward(const Problem& p, const PrefillPlan& plan, void* workspace,
     return;
   }
 
-  // Split pass (N = 1): 2S - 1 runs, then the segment states chained (S_s = A_s S_{s-1} + B_s,
-  // the last into the final state) and the out rows of segments 1 .. S-1 stitched in one launch.
-  const int S = plan.split_segments;
-  auto* buffers = reinterpret_cast<float*>(after_records);
-  const int64_t state_elems = static_cast<int64_t>(plan.split_state_bytes / sizeof(float));
-  const int64_t row_elems = static_cast<int64_t>(plan.split_row_bytes / sizeof(float));
-  float* const boundary = buffers;
-  float* const b_t = boundary + (S - 1) * state_elems;
-  float* const a_t = b_t + (S - 1) * state_elems;
-  float* const out_b = a_t + (S - 1) * state_elems;
-  state.split = {S, plan.split_compact, boundary, b_t, a_t, out_b, out_b + row_elems};
+  const StateSplit split = split_buffers(plan, after_records);
+  state.split = split;
   if (plan.split_wgmma) launch_state_wgmma(state, stream);
   else launch_state(state, config, stream);
-  const int H = static_cast<int>(p.H);
-  constexpr int64_t kStateHead = int64_t{kHeadDim} * kHeadDim;
-  const int chain_steps = p.final_state ? S - 1 : S - 2;
-  if (plan.stitch_chain_launch) {
-    const StitchChain chain{boundary, a_t, b_t, p.final_state, p.final_state_dtype == DType::kF32, S, chain_steps,
-                            state_elems};
-    if (chain_steps > 0) launch_stitch_chain(chain, H, stream);
-  } else {
-    for (int s = 1; s <= chain_steps; ++s) {  // one launch a step
-      const bool last = s == S - 1;
-      StitchParams chain{boundary + (s - 1) * state_elems, a_t + (s - 1) * state_elems, b_t + (s - 1) * state_elems,
-                         last ? p.final_state : static_cast<void*>(boundary + s * state_elems),
-                         last ? p.final_state_dtype == DType::kF32 : true, false, kHeadDim, kHeadDim, kStateHead,
-                         kStateHead, 0, S, 0, seqs};
-      launch_stitch(chain, H, stream);
-    }
-  }
-  if (p.total_tokens > 0) {
-    // Rows of one segment: at most ceil(chunks / S) chunks (bos = 0 once cu_seqlens is checked;
-    // the kernel clamps to the real bounds either way).
-    const int64_t chunks = (p.total_tokens + kChunk - 1) / kChunk;
-    const int64_t segment_rows = (chunks + S - 1) / S * kChunk;
-    StitchParams rows{out_b + row_elems, boundary, out_b, p.out, false, true, segment_rows, p.H * kHeadDim,
-                      kHeadDim, kStateHead, 1, S, state_elems, seqs, plan.stitch_rows_3xtf32};
-    if (plan.stitch_rows_kept) {
-      auto tiles_of = [&](const float* rows_f32) {  // [total, H, 128] fp32, the rows kernel's boxes
-        return encode_token_rows_map(rows_f32, p.total_tokens, p.H, p.H * kHeadDim, kHeadDim, kStitchRowTile,
-                                     kStitchRowStride, true);
-      };
-      rows.x_rows = tiles_of(rows.x);
-      rows.z_rows = tiles_of(rows.z);
-      rows.rows_wgmma = plan.stitch_rows_wgmma;
-      launch_stitch_rows(rows, H, plan.multiprocessors, stream);
-    } else {
-      launch_stitch(rows, H, stream, S - 1);
-    }
-  }
+  stitch_split(p, plan, split, seqs, kChunk, stream);
 }
 
 }  // namespace flashkda::gpu

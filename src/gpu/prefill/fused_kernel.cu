@@ -126,6 +126,7 @@ struct Item {
   int64_t bos, len;
   int head;
   int64_t seq;
+  int run = 0;  // Form::kSplitRun: the split pass's run (StateSplit), its segment's tokens in [bos, bos + len)
   __device__ int chunks() const { return static_cast<int>((len + kC - 1) / kC); }
   __device__ int count(int c) const { return static_cast<int>(len - int64_t{kC} * c < kC ? len - int64_t{kC} * c : kC); }
   __device__ int row(int c) const { return static_cast<int>(bos + int64_t{kC} * c); }
@@ -807,7 +808,12 @@ struct MathLane {
 // The kernel's three forms: one block an item, and a pair's block (FusedParams::pair) whose
 // hand-over is S^T after the owner's update (kPairState) or the update's operands, which the
 // other block applies to its own copy (kPairU, FusedParams::pair_u).
-enum class Form { kOne, kPairState, kPairU };
+enum class Form { kOne, kPairState, kPairU, kSplitRun };
+// kSplitRun: one block a (run, head) of the split pass (FusedParams::split_runs, StateSplit's runs): run
+// 0 takes segment 0 from the initial state as kOne does; run 2s - 1 segment s from zero (B_s),
+// run 2s from the identity with v = 0 (A_s), both writing fp32 out rows and an fp32 final state
+// into the split's buffers for the stitch kernels.
+constexpr bool is_pair(Form f) { return f == Form::kPairState || f == Form::kPairU; }
 
 // S^T rows row(0), row(1) of one math thread; columns 8 j + 2t, + 1 (j < 16): an m64n128 D
 // accumulator, with the rows' power-of-two scales (S^ = S 2^-e_row).
@@ -947,7 +953,22 @@ __device__ __forceinline__ int64_t state_row(const FusedParams& p, const Item& i
   return (it.seq * p.num_heads + it.head) * int64_t{kD} * kD + int64_t{L.row(h)} * kD + 2 * L.t;
 }
 
+template <Form kForm>
 __device__ __forceinline__ void load_state(const FusedParams& p, const Item& it, const MathLane& L, StateRows& S) {
+  if constexpr (kForm == Form::kSplitRun) {
+    if (it.run > 0) {  // B_s from zero, A_s from the identity: S^T[j][k] = [j == k]
+      const bool a_run = StateSplit::is_a_run(it.run);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int col = 8 * j + 2 * L.t;
+          S.s[4 * j + 2 * h] = a_run && L.row(h) == col ? 1.f : 0.f;
+          S.s[4 * j + 2 * h + 1] = a_run && L.row(h) == col + 1 ? 1.f : 0.f;
+        }
+      return;
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = state_row(p, it, L, h);
@@ -963,18 +984,25 @@ __device__ __forceinline__ void load_state(const FusedParams& p, const Item& it,
   }
 }
 
+template <Form kForm>
 __device__ __forceinline__ void store_state(const FusedParams& p, const Item& it, const MathLane& L, const StateRows& S) {
-  if (!p.final_state) return;
+  void* final_state = p.final_state;
+  bool final_f32 = p.final_f32;
+  if constexpr (kForm == Form::kSplitRun) {  // S_0^T, B_s^T or A_s^T for the stitch (N = 1: it.seq = 0)
+    final_state = p.split_runs.run_final(it.run, int64_t{p.num_heads} * kD * kD);
+    final_f32 = true;
+  }
+  if (!final_state) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = state_row(p, it, L, h);
-    float* f32 = static_cast<float*>(p.final_state) + row;
-    uint16_t* b16 = static_cast<uint16_t*>(p.final_state) + row;
+    float* f32 = static_cast<float*>(final_state) + row;
+    uint16_t* b16 = static_cast<uint16_t*>(final_state) + row;
     const float f = pow2(S.e_row[h]);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float x0 = S.s[4 * j + 2 * h] * f, x1 = S.s[4 * j + 2 * h + 1] * f;
-      if (p.final_f32) *reinterpret_cast<float2*>(f32 + 8 * j) = make_float2(x0, x1);
+      if (final_f32) *reinterpret_cast<float2*>(f32 + 8 * j) = make_float2(x0, x1);
       else *reinterpret_cast<uint32_t*>(b16 + 8 * j) = ptx::pack_bf16x2(x0, x1);
     }
   }
@@ -1012,6 +1040,8 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   uint8_t* vbox = R.in + kInV + L.wg * kBoxBytes;
   uint32_t vraw[4][4];
   float vmax[2] = {0.f, 0.f};
+  // V's tokens; an A_s run's v is zero (its rows arrive all the same: one barrier protocol).
+  const int vcount = kForm == Form::kSplitRun && StateSplit::is_a_run(it.run) ? 0 : count;
   {
     const int m = L.lane / 8;
 #pragma unroll
@@ -1023,7 +1053,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int tok = 16 * ks + 8 * (r >> 1) + 2 * t;
-      const uint32_t pair = vraw[ks][r] & (tok + 1 < count ? 0xffffffffu : tok < count ? 0x0000ffffu : 0u);
+      const uint32_t pair = vraw[ks][r] & (tok + 1 < vcount ? 0xffffffffu : tok < vcount ? 0x0000ffffu : 0u);
       vraw[ks][r] = pair;
       vmax[r & 1] = fmaxf(vmax[r & 1], fmaxf(fabsf(bf16_lo(pair)), fabsf(bf16_hi(pair))));
     }
@@ -1054,6 +1084,27 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   ptx::f16_a_from_d<8>(s, o.sa);
 }
 
+// Form::kSplitRun, runs after the first: O^T 2^e_row as fp32 rows of [total, H, 128] for the stitch
+// (StateSplit::run_out), from the accumulator: element (row h, token 8 j + 2t + e) is pacc[4 j + 2 h + e].
+// A warp's store: 8 value rows (32 bytes) of 4 tokens.
+__device__ __forceinline__ void store_rows_f32(const FusedParams& p, const Item& it, int c, const MathLane& L, const StateRows& S,
+                                               const float (&pacc)[32]) {
+  float* rows = p.split_runs.run_out(it.run) + L.row(0);
+  const int count = it.count(c);
+  const float up0 = pow2(S.e_row[0]), up1 = pow2(S.e_row[1]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = 8 * j + 2 * L.t + e;
+      if (tok < count) {
+        float* r = rows + ((it.bos + int64_t{kC} * c + tok) * p.num_heads + it.head) * kD;
+        r[0] = pacc[4 * j + e] * up0;
+        r[8] = pacc[4 * j + 2 + e] * up1;
+      }
+    }
+}
+
 // The rest of chunk c's step, after the operand stage is complete: writes the out rows over V,
 // then to device memory.
 template <Form kForm>
@@ -1073,7 +1124,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   float u[32], pacc[32];
   FUSED_MARK(c, 11);
   constexpr bool kPairU = kForm == Form::kPairU;
-  const bool hand_over = kForm != Form::kOne && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
+  const bool hand_over = is_pair(kForm) && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
   if (kPairU && hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
@@ -1116,6 +1167,12 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   FUSED_MARK(c, 14);
   if constexpr (kForm == Form::kPairState) {  // the other block's next chunk starts from this state: hand it over first
     if (hand_over) link.send_state(L, S);
+  }
+  if constexpr (kForm == Form::kSplitRun) {
+    if (it.run > 0) {
+      store_rows_f32(p, it, c, L, S, pacc);
+      return;
+    }
   }
 
   // out rows: O^T = P^T 2^e_row into this warpgroup's V box (read above) by stmatrix.trans (the
@@ -1173,7 +1230,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 // The kernel's body: one block an item, or a pair's block (FusedParams::pair).
 template <Form kForm>
 __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
-  constexpr bool kPair = kForm != Form::kOne;
+  constexpr bool kPair = is_pair(kForm);
   extern __shared__ __align__(1024) uint8_t smem[];  // the copy engine's swizzled boxes need 1024-byte alignment
   uint8_t* in_stages = smem + kSmemIn;
   uint8_t* small = smem + kSmemSmall;
@@ -1210,8 +1267,15 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     __syncthreads();
     it.seq = at<int64_t>(small, Small::kItemSeq);
   }
+  if constexpr (kForm == Form::kSplitRun) {  // blocks (run, head), heads fastest; one sequence
+    it.run = static_cast<int>(it.seq);
+    it.seq = 0;
+  }
   int64_t eos;
   p.seqs.bounds(it.seq, it.bos, eos);
+  if constexpr (kForm == Form::kSplitRun) {  // the run's segment, in whole chunks
+    StateSplit::segment_tokens(it.bos, eos, p.split_runs.segments, StateSplit::segment_of(it.run), kC, it.bos, eos);
+  }
   it.len = eos - it.bos;
   const int chunks = it.chunks();
 
@@ -1272,7 +1336,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     const int tid = threadIdx.x - kPrepThreads;
     const MathLane M{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
     StateRows S;
-    if (kForm != Form::kPairState || rank == 0) load_state(p, it, M, S);  // kPairState: the other block gets it handed over
+    if (kForm != Form::kPairState || rank == 0) load_state<kForm>(p, it, M, S);  // kPairState: the other block gets it handed over
     for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
@@ -1294,7 +1358,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
       FUSED_MARK(c, 10);
     }
     // The block that ran the last chunk (block 0 of a pair where there is none) has the final state.
-    if (rank == (chunks > 0 ? (chunks - 1) % 2 : 0) || !kPair) store_state(p, it, M.laundered(), S);
+    if (rank == (chunks > 0 ? (chunks - 1) % 2 : 0) || !kPair) store_state<kForm>(p, it, M.laundered(), S);
     out_box_read();
   }
   // Neither block of a pair leaves while the other may still write its shared memory.
@@ -1308,6 +1372,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_p
 }
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_prefill_pair_u_kernel(const __grid_constant__ FusedParams p) {
   fused_prefill<Form::kPairU>(p);
+}
+// The split pass's runs: block i takes run i / H of head i % H (FusedParams::split_runs).
+__global__ void __launch_bounds__(kThreads, 1) fused_prefill_split_kernel(const __grid_constant__ FusedParams p) {
+  fused_prefill<Form::kSplitRun>(p);
 }
 
 #ifdef FLASHKDA_FUSED_TIMING
@@ -1342,7 +1410,10 @@ __global__ void fused_timing_print_kernel() {
 }  // namespace
 
 void launch_fused(const FusedParams& p, cudaStream_t stream) {
-  const int64_t blocks = p.seqs.num_seqs * p.num_heads * (p.pair ? 2 : 1);
+  const bool split = p.split_runs.segments > 0;
+  if (split && (p.pair || p.longest_first || p.seqs.num_seqs != 1))
+    fail(ErrorCode::kInternal, "the fused split pass runs one sequence, one block a run and head");
+  const int64_t blocks = split ? (2 * int64_t{p.split_runs.segments} - 1) * p.num_heads : p.seqs.num_seqs * p.num_heads * (p.pair ? 2 : 1);
   if (blocks == 0) return;
   if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 blocks, got ", blocks);
   if (p.longest_first && p.seqs.num_seqs > kMaxLongestFirstSeqs)
@@ -1350,9 +1421,11 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   // The shared-memory limit, raised once per device the caller uses and kernel it launches.
-  static PerDeviceOnce raised[3];  // [form]
-  const int form = p.pair ? (p.pair_u ? 2 : 1) : 0;
-  const auto kernel = form == 2 ? fused_prefill_pair_u_kernel : form == 1 ? fused_prefill_pair_kernel : fused_prefill_kernel;
+  static PerDeviceOnce raised[4];  // [form]
+  const int form = split ? 3 : p.pair ? (p.pair_u ? 2 : 1) : 0;
+  constexpr decltype(&fused_prefill_kernel) kernels[4] = {fused_prefill_kernel, fused_prefill_pair_kernel, fused_prefill_pair_u_kernel,
+                                                          fused_prefill_split_kernel};
+  const auto kernel = kernels[form];
   raised[form].run("raising the fused prefill kernel's shared-memory limit", [kernel] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
   });

@@ -87,6 +87,14 @@ struct StateSplit {
     begin = s * per < chunks ? s * per : chunks;
     end = begin + per < chunks ? begin + per : chunks;
   }
+  // Tokens [begin, end) of segment s of a sequence [bos, eos) cut in chunks of `chunk` tokens (kChunk:
+  // the state passes' runs; 64: the fused runs), begin <= end.
+  __host__ __device__ static void segment_tokens(int64_t bos, int64_t eos, int segments, int s, int chunk, int64_t& begin, int64_t& end) {
+    int c_begin, c_end;
+    segment_chunks(static_cast<int>((eos - bos + chunk - 1) / chunk), segments, s, c_begin, c_end);
+    end = bos + int64_t{c_end} * chunk < eos ? bos + int64_t{c_end} * chunk : eos;
+    begin = bos + int64_t{c_begin} * chunk < end ? bos + int64_t{c_begin} * chunk : end;
+  }
 };
 
 // A state-pass stage's v rows are kVRowStride elements apart: the tensor-map box is 8 elements
@@ -161,6 +169,7 @@ struct StitchParams {
   // launch_stitch_rows: X and Z as tensor maps of [64 rows][kStitchRowStride] fp32 boxes of one
   // head (encode_token_rows_map; rows, not segments: the kernel keeps to the segment's rows).
   CUtensorMap x_rows{}, z_rows{};
+  int segment_chunk = kChunk;  // segment > 0: tokens a chunk of the runs' segments (StateSplit::segment_tokens)
 };
 constexpr int kStitchRowTile = 64;         // the rows kernel's tiles: rows of one head
 constexpr int kStitchRowStride = 128 + 8;  // the rows kernel's X and Z rows in shared memory (fp32)
@@ -223,6 +232,10 @@ struct FusedParams {
   // and e^G_C (32 KB) instead of S^T after its update (64 KB) (FLASHKDA_FUSED_PAIR_U=1; built and
   // compiled clean, not yet run on a GPU: off by default).
   bool pair_u;
+  // The split pass's runs (segments > 0; PrefillPlan::split_fused): block i runs run i / H of head
+  // i % H over its segment of the one sequence (StateSplit's runs and buffers; fused_kernel.cu,
+  // Form::kSplitRun), and the stitch kernels combine them as they do the state passes' runs.
+  StateSplit split_runs{};
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 

@@ -223,10 +223,7 @@ struct KeepNothing {
 __device__ __forceinline__ void segment_rows(const StitchParams& p, int segment, int64_t& row_begin, int64_t& row_end) {
   int64_t bos, eos;
   p.seqs.bounds(0, bos, eos);
-  int c_begin, c_end;
-  StateSplit::segment_chunks(static_cast<int>((eos - bos + kChunk - 1) / kChunk), p.segments, segment, c_begin, c_end);
-  row_begin = bos + int64_t{c_begin} * kChunk;
-  row_end = min(bos + int64_t{c_end} * kChunk, eos);
+  StateSplit::segment_tokens(bos, eos, p.segments, segment, p.segment_chunk, row_begin, row_end);
 }
 
 template <bool kTransposed, bool kSplitX>
