@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "common/problem.h"
@@ -236,6 +237,27 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
   // Shorter: fewer segments of at least 3840 tokens; under three, no split (the stitch costs more).
   EXPECT_EQ(plan({16384}, 4).split_segments, 4);
   EXPECT_NE(plan({8192}, 4).pass, Pass::kSplit);
+}
+
+// FLASHKDA_SPLIT_FUSED=1: the same segments, the runs on the fused prefill (chunks of 64 tokens,
+// each run preparing its own): no records, no prep tail; the stitch's buffers only.
+TEST(PrefillPlan, SplitRunsOnTheFusedPrefillWhenAsked) {
+  EXPECT_FALSE(plan({32768}, 8).split_fused);
+  const ScopedEnv fused_runs{{"FLASHKDA_SPLIT_FUSED", "1"}};
+  for (const auto& [tokens, heads, segments] : std::vector<std::tuple<int64_t, int64_t, int>>{{32768, 8, 8}, {65536, 4, 17}, {131072, 8, 8}}) {
+    SCOPED_TRACE(std::to_string(tokens) + " tokens x " + std::to_string(heads) + " heads");
+    const PrefillPlan p = plan({tokens}, heads);
+    EXPECT_EQ(p.pass, Pass::kSplit);
+    EXPECT_TRUE(p.split_fused);
+    EXPECT_EQ(p.split_segments, segments);
+    EXPECT_EQ(p.record_bytes, 0u);
+    EXPECT_EQ(p.tail_sms, 0);
+    EXPECT_EQ(p.workspace_bytes(), 3 * (segments - 1) * p.split_state_bytes + 2 * p.split_row_bytes);
+  }
+  Problem softplus = shapes({32768}, 8);
+  softplus.gate = Gate::kSoftplus;
+  expect_refused({{"FLASHKDA_SPLIT_FUSED", "1"}}, softplus, ErrorCode::kUnsupported, "FLASHKDA_SPLIT_FUSED=1: the fused prefill does not take the softplus gate yet");
+  expect_refused({{"FLASHKDA_SPLIT_FUSED", "2"}}, shapes({32768}, 8), ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_FUSED: expected 0 or 1");
 }
 
 TEST(PrefillPlan, OverridesChangeWhatTheySay) {
