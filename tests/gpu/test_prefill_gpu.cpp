@@ -257,10 +257,12 @@ class GpuPrefillSplitSegments : public GpuPrefill,
     GpuPrefill::SetUp();
     setenv("FLASHKDA_SPLIT_LAYOUT", GetParam().first, 1);
     setenv("FLASHKDA_SPLIT_SEGMENTS", GetParam().second, 1);
+    setenv("FLASHKDA_SPLIT_FUSED", "0", 1);  // the state pass's runs (the fused ones: GpuPrefillSplitFused)
   }
   void TearDown() override {
     unsetenv("FLASHKDA_SPLIT_LAYOUT");
     unsetenv("FLASHKDA_SPLIT_SEGMENTS");
+    unsetenv("FLASHKDA_SPLIT_FUSED");
   }
 };
 
@@ -575,17 +577,19 @@ TEST_F(GpuPrefillFused, LongestFirstUpToItsBound) {
   }
 }
 
-// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item, the
-// state handed over between them before each step): the same cases, and bit for bit the results
-// of one block an item (the state goes over in its true scale, exactly what the one-block form's
-// rescale gives).
+// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item) with the
+// state handed over between them before each step (FLASHKDA_FUSED_PAIR_U=0): the same cases, and bit
+// for bit the results of one block an item (the state goes over in its true scale, exactly what the
+// one-block form's rescale gives).
 class GpuPrefillFusedPair : public GpuPrefillFused {
  protected:
   void SetUp() override {
     GpuPrefillFused::SetUp();
     setenv("FLASHKDA_FUSED_PAIR", "1", 1);
+    setenv("FLASHKDA_FUSED_PAIR_U", "0", 1);
   }
   void TearDown() override {
+    unsetenv("FLASHKDA_FUSED_PAIR_U");
     unsetenv("FLASHKDA_FUSED_PAIR_PREFETCH");
     GpuPrefillFused::TearDown();
   }
@@ -625,7 +629,7 @@ void expect_pair_bit_for_bit_one_block(uint64_t seed, const char* var, std::init
 // With and without the L2 prefetch.
 TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) { expect_pair_bit_for_bit_one_block(667, "FLASHKDA_FUSED_PAIR_PREFETCH", {"1", "0"}); }
 
-// The pair form with the update handed over (FLASHKDA_FUSED_PAIR_U=1, FusedParams::pair_u: each
+// The pair form with the update handed over (FLASHKDA_FUSED_PAIR_U=1, the default, FusedParams::pair_u: each
 // block keeps its own copy of the state and applies the other's chunks with the owner's own
 // operations and instruction): the same cases, and bit for bit one block an item.
 class GpuPrefillFusedPairU : public GpuPrefillFusedPair {
@@ -635,7 +639,6 @@ class GpuPrefillFusedPairU : public GpuPrefillFusedPair {
     setenv("FLASHKDA_FUSED_PAIR_U", "1", 1);
   }
   void TearDown() override {
-    unsetenv("FLASHKDA_FUSED_PAIR_U");
     GpuPrefillFusedPair::TearDown();
   }
 };
@@ -723,7 +726,9 @@ TEST_F(GpuPrefill, PrepTailMatchesOnePrepGridBitForBit) {
 TEST_F(GpuPrefill, SplitPrepTailMatchesOnePrepGridBitForBit) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   setenv("FLASHKDA_SPLIT_SEGMENTS", "4", 1);
+  setenv("FLASHKDA_SPLIT_FUSED", "0", 1);  // the safe gate's split too on the wgmma runs (the fused ones have no prep)
   expect_prep_tail_bit_for_bit(3000, 4, 36, "0.1");
+  unsetenv("FLASHKDA_SPLIT_FUSED");
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");
   unsetenv("FLASHKDA_SPLIT");
 }
@@ -740,7 +745,9 @@ TEST_F(GpuPrefill, SmallPrepTail) {
   unsetenv("FLASHKDA_STATE_CONFIG");
   setenv("FLASHKDA_SPLIT", "1", 1);  // the wgmma split pass's tail: 3 segments of 23 chunks, 11 of each in the tail
   setenv("FLASHKDA_SPLIT_SEGMENTS", "3", 1);
+  setenv("FLASHKDA_SPLIT_FUSED", "0", 1);
   expect_matches_oracle(packed({1100}, 2, 38));
+  unsetenv("FLASHKDA_SPLIT_FUSED");
   unsetenv("FLASHKDA_SPLIT_SEGMENTS");
   unsetenv("FLASHKDA_SPLIT");
 }

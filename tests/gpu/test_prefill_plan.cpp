@@ -138,7 +138,7 @@ TEST(PrefillPlan, FewLongItemsRunTheFusedPrefillInPairs) {  // P4, P10
     EXPECT_EQ(p.pass, Pass::kFused);
     EXPECT_TRUE(p.fused_pair);
     EXPECT_FALSE(p.fused_pair_prefetch);  // measured no better: FLASHKDA_FUSED_PAIR_PREFETCH=1 only
-    EXPECT_FALSE(p.fused_pair_u);         // not yet run on a GPU: FLASHKDA_FUSED_PAIR_U=1 only
+    EXPECT_TRUE(p.fused_pair_u);          // the update handed over, not the state
     EXPECT_EQ(p.workspace_bytes(), 0u);
   }
   EXPECT_FALSE(plan({8192}, 96).fused_pair);          // P1: 96 items fill 73% alone
@@ -154,8 +154,9 @@ TEST(PrefillPlan, FewLongItemsRunTheFusedPrefillInPairs) {  // P4, P10
     EXPECT_TRUE(plan({8192}, 64).fused_pair_prefetch);
   }
   {
-    const ScopedEnv update({{"FLASHKDA_FUSED_PAIR_U", "1"}});
-    EXPECT_TRUE(plan({8192}, 64).fused_pair_u);
+    const ScopedEnv state({{"FLASHKDA_FUSED_PAIR_U", "0"}});
+    EXPECT_TRUE(plan({8192}, 64).fused_pair);
+    EXPECT_FALSE(plan({8192}, 64).fused_pair_u);
     EXPECT_FALSE(plan({8192}, 96).fused_pair);  // a form of the pair, not a reason to take one
   }
   expect_refused({{"FLASHKDA_FUSED_PAIR_U", "2"}}, shapes({8192}, 64), ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_PAIR_U: expected 0 or 1");
@@ -195,7 +196,8 @@ TEST(PrefillPlan, FewItemsRunFourByOneWithoutProgrammaticLaunch) {  // P4, P10 (
   }
 }
 
-TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P11
+TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P11 with FLASHKDA_SPLIT_FUSED=0
+  const ScopedEnv wgmma_runs{{"FLASHKDA_SPLIT_FUSED", "0"}};
   struct Case {
     int64_t tokens, heads;
     int segments;  // the most whose 2S - 1 runs of H blocks fit 132, segments >= 3840 tokens, <= 17
@@ -239,11 +241,10 @@ TEST(PrefillPlan, OneLongSequenceFewHeadsIsSplitOnTheWgmmaPass) {  // P7, P8, P1
   EXPECT_NE(plan({8192}, 4).pass, Pass::kSplit);
 }
 
-// FLASHKDA_SPLIT_FUSED=1: the same segments, the runs on the fused prefill (chunks of 64 tokens,
-// each run preparing its own): no records, no prep tail; the stitch's buffers only.
-TEST(PrefillPlan, SplitRunsOnTheFusedPrefillWhenAsked) {
-  EXPECT_FALSE(plan({32768}, 8).split_fused);
-  const ScopedEnv fused_runs{{"FLASHKDA_SPLIT_FUSED", "1"}};
+// The same segments with the runs on the fused prefill (chunks of 64 tokens, each run preparing its
+// own): no records, no prep tail; the stitch's buffers only. FLASHKDA_SPLIT_FUSED=0: the wgmma runs
+// (the test above); the softplus gate takes them by itself.
+TEST(PrefillPlan, SplitRunsOnTheFusedPrefill) {
   for (const auto& [tokens, heads, segments] : std::vector<std::tuple<int64_t, int64_t, int>>{{32768, 8, 8}, {65536, 4, 17}, {131072, 8, 8}}) {
     SCOPED_TRACE(std::to_string(tokens) + " tokens x " + std::to_string(heads) + " heads");
     const PrefillPlan p = plan({tokens}, heads);
@@ -256,12 +257,14 @@ TEST(PrefillPlan, SplitRunsOnTheFusedPrefillWhenAsked) {
   }
   Problem softplus = shapes({32768}, 8);
   softplus.gate = Gate::kSoftplus;
+  EXPECT_FALSE(gpu::plan_prefill(softplus, kH200Multiprocessors).split_fused);
   expect_refused({{"FLASHKDA_SPLIT_FUSED", "1"}}, softplus, ErrorCode::kUnsupported, "FLASHKDA_SPLIT_FUSED=1: the fused prefill does not take the softplus gate yet");
   expect_refused({{"FLASHKDA_SPLIT_FUSED", "2"}}, shapes({32768}, 8), ErrorCode::kInvalidArgument, "FLASHKDA_SPLIT_FUSED: expected 0 or 1");
 }
 
 TEST(PrefillPlan, OverridesChangeWhatTheySay) {
-  const ScopedEnv two_kernels{{"FLASHKDA_FUSED", "0"}};  // P1's two-kernel passes
+  // P1's two-kernel passes, P7's wgmma runs (the prep kernel's overrides)
+  const ScopedEnv two_kernels{{"FLASHKDA_FUSED", "0"}, {"FLASHKDA_SPLIT_FUSED", "0"}};
   {
     const ScopedEnv env{{"FLASHKDA_SPLIT_SEGMENTS", "12"}, {"FLASHKDA_STITCH_ROWS_WGMMA", "0"}};
     const PrefillPlan p = plan({65536}, 4);

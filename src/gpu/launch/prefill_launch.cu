@@ -342,14 +342,19 @@ bool pairs_fit(const Problem& p, int sms) { return 2 * p.N * p.H <= sms && p.tot
 bool pairs_fill(const Problem& p, int sms) {
   return pairs_fit(p, sms) && 100 * 2 * p.N * p.H >= kFusedMinItemsPercentOfSMs * int64_t{sms} && forced_switch("FLASHKDA_FUSED_PAIR") != 0;
 }
-// The split pass's runs on the fused prefill (FusedParams::split_runs): each run prepares its own chunks
-// of 64 tokens beside its chain, where the wgmma runs read the prep kernel's records of 16. Opt-in
-// (FLASHKDA_SPLIT_FUSED=1) until measured; where the wgmma runs would take the split pass.
+// The split pass's runs on the fused prefill (FusedParams::split_runs) wherever the wgmma runs would
+// take it and the fused prefill applies: each run prepares its own chunks of 64 tokens beside its
+// chain, where the wgmma runs read the prep kernel's records of 16 tokens (no prep kernel, no
+// records, a 64-token step). One H100, two runs each, at 0b9c88e: P7 0.606 ms against 0.718, P8
+// 0.613 against 0.746, P11 2.237 against 2.642. FLASHKDA_SPLIT_FUSED=0 keeps the wgmma runs (the
+// softplus gate takes them).
 bool use_split_fused(const Problem& p) {
-  if (forced_switch("FLASHKDA_SPLIT_FUSED") != 1) return false;
-  if (const char* lacks = fused_prefill_lacks(p))
+  const int forced = forced_switch("FLASHKDA_SPLIT_FUSED");
+  if (forced == 0) return false;
+  const char* lacks = fused_prefill_lacks(p);
+  if (forced == 1 && lacks)
     fail(ErrorCode::kUnsupported, "FLASHKDA_SPLIT_FUSED=1: the fused prefill does not take ", lacks, " yet; unset it");
-  return true;
+  return !lacks;
 }
 
 bool use_fused(const Problem& p, int sms) {
@@ -400,8 +405,9 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     // 1.242-1.243 against 1.226): off unless FLASHKDA_FUSED_PAIR_PREFETCH=1.
     plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") == 1;
     // The pair's hand-over of the update (~32 KB a chunk, the state 64 KB; docs/perf-notes.md, "The
-    // pair hands over U^T"): built and compiled clean, not yet run on a GPU, so opt-in.
-    plan.fused_pair_u = forced_switch("FLASHKDA_FUSED_PAIR_U") == 1;
+    // pair hands over U^T"): one H100, two runs each, at 0b9c88e: P4 0.573-0.577 ms against the state
+    // hand-over's 0.630-0.633, P10 1.131-1.132 against 1.237-1.246. FLASHKDA_FUSED_PAIR_U=0: the state.
+    plan.fused_pair_u = forced_switch("FLASHKDA_FUSED_PAIR_U") != 0;
     return plan;
   }
   if (use_wgmma(p)) {

@@ -229,8 +229,7 @@ struct FusedParams {
   bool pair;
   bool pair_prefetch;  // pair: each chunk's inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; off by default)
   // pair: each block keeps its own copy of the state and the owner of a chunk hands over U^T, Kr^T
-  // and e^G_C (32 KB) instead of S^T after its update (64 KB) (FLASHKDA_FUSED_PAIR_U=1; built and
-  // compiled clean, not yet run on a GPU: off by default).
+  // and e^G_C (32 KB) instead of S^T after its update (64 KB) (PrefillPlan::fused_pair_u).
   bool pair_u;
   // The split pass's runs (segments > 0; PrefillPlan::split_fused): block i runs run i / H of head
   // i % H over its segment of the one sequence (StateSplit's runs and buffers; fused_kernel.cu,
