@@ -805,14 +805,14 @@ struct MathLane {
   }
 };
 
-// The kernel's three forms: one block an item, and a pair's block (FusedParams::pair) whose
-// hand-over is S^T after the owner's update (kPairState) or the update's operands, which the
-// other block applies to its own copy (kPairU, FusedParams::pair_u).
+// The kernel's four forms: one block an item; a pair's block (FusedParams::pair) whose hand-over
+// is S^T after the owner's update (kPairState) or the update's operands, which the other block
+// applies to its own copy (kPairU, FusedParams::pair_u); and one block a (run, head) of the split
+// pass (kSplitRun, FusedParams::split_runs, StateSplit's runs): run 0 takes segment 0 from the
+// initial state as kOne does, run 2s - 1 segment s from zero (B_s), run 2s from the identity with
+// v = 0 (A_s), both writing fp32 out rows and an fp32 final state into the split's buffers for the
+// stitch kernels.
 enum class Form { kOne, kPairState, kPairU, kSplitRun };
-// kSplitRun: one block a (run, head) of the split pass (FusedParams::split_runs, StateSplit's runs): run
-// 0 takes segment 0 from the initial state as kOne does; run 2s - 1 segment s from zero (B_s),
-// run 2s from the identity with v = 0 (A_s), both writing fp32 out rows and an fp32 final state
-// into the split's buffers for the stitch kernels.
 constexpr bool is_pair(Form f) { return f == Form::kPairState || f == Form::kPairU; }
 
 // S^T rows row(0), row(1) of one math thread; columns 8 j + 2t, + 1 (j < 16): an m64n128 D
