@@ -70,7 +70,6 @@ struct PrefillPlan {
   bool fused_longest_first = false;  // kFused: blocks take the sequences longest first (FusedParams)
   bool fused_pair = false;           // kFused: two blocks an item (FusedParams::pair; FLASHKDA_FUSED_PAIR=0 / 1)
   bool fused_pair_prefetch = false;  // kFused pair: inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; measured no better)
-  bool fused_pair_u = false;         // kFused pair: hand over the update, not the state (FusedParams::pair_u; FLASHKDA_FUSED_PAIR_U=0: the state)
   int prep_blocks_per_sm = 0;    // FLASHKDA_PREP_BLOCKS_PER_SM (an occupancy experiment; 0: unrestricted)
   // kPerItem on 8x1, kSplit on wgmma (one sequence): the prep tail (PrepTail in prefill/kernels.h)
   // takes the last tail_per_segment chunks of the sequence (kSplit: of each segment) on tail_sms

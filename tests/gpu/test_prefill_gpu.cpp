@@ -577,40 +577,38 @@ TEST_F(GpuPrefillFused, LongestFirstUpToItsBound) {
   }
 }
 
-// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item) with the
-// state handed over between them before each step (FLASHKDA_FUSED_PAIR_U=0): the same cases, and bit
-// for bit the results of one block an item (the state goes over in its true scale, exactly what the
-// one-block form's rescale gives).
+// The fused prefill's pair form (FLASHKDA_FUSED_PAIR=1: two blocks of a cluster an item, each
+// keeping its own copy of the state and applying the other's chunks with the owner's own operations
+// and instruction): the same cases, and bit for bit the results of one block an item.
 class GpuPrefillFusedPair : public GpuPrefillFused {
  protected:
   void SetUp() override {
     GpuPrefillFused::SetUp();
     setenv("FLASHKDA_FUSED_PAIR", "1", 1);
-    setenv("FLASHKDA_FUSED_PAIR_U", "0", 1);
   }
   void TearDown() override {
-    unsetenv("FLASHKDA_FUSED_PAIR_U");
     unsetenv("FLASHKDA_FUSED_PAIR_PREFETCH");
     GpuPrefillFused::TearDown();
   }
 };
 
 TEST_F(GpuPrefillFusedPair, EdgeLengthsEveryStateForm) {
-  expect_edge_lengths_every_state_form(660);
-  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 661));
+  expect_edge_lengths_every_state_form(670);
+  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 671));
 }
 
-TEST_F(GpuPrefillFusedPair, LongSequencesManyHeads) { expect_fused_long_sequences(662); }
+TEST_F(GpuPrefillFusedPair, LongSequencesManyHeads) { expect_fused_long_sequences(672); }
 
-TEST_F(GpuPrefillFusedPair, LargeStatesAndDecaySweep) { expect_large_states(665, {-8.0f, 0.0f, 8.0f}); }
+TEST_F(GpuPrefillFusedPair, LargeStatesAndDecaySweep) { expect_large_states(675, {-8.0f, 0.0f, 8.0f}); }
 
-TEST_F(GpuPrefillFusedPair, LargeAndSmallValues) { expect_large_and_small_values(666); }
+TEST_F(GpuPrefillFusedPair, LargeAndSmallValues) { expect_large_and_small_values(676); }
 
-// Lengths 0 to 400 (a block of a pair with no chunk, one, several), fp32 and bf16 states: every
-// output of the pair form bit for bit the one-block form's, twice under each value of `var` in turn.
-void expect_pair_bit_for_bit_one_block(uint64_t seed, const char* var, std::initializer_list<const char*> values) {
+// Lengths 0 to 400 (a block of a pair with no chunk, one, several: block 1 applying block 0's
+// first chunk, block 0 its identity update), fp32 and bf16 states: every output of the pair form
+// bit for bit the one-block form's, twice with and without the L2 prefetch.
+TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, seed);
+    ProblemSpec spec = packed({0, 1, 64, 65, 128, 129, 400, 333}, 3, 677);
     spec.init = InitState::kNormal;
     spec.init_dtype = spec.final_dtype = dtype;
     RandomProblem host(spec);
@@ -618,45 +616,14 @@ void expect_pair_bit_for_bit_one_block(uint64_t seed, const char* var, std::init
     setenv("FLASHKDA_FUSED_PAIR", "0", 1);
     const DeviceProblem::Outputs base = dev.run_fresh();
     setenv("FLASHKDA_FUSED_PAIR", "1", 1);
-    for (const char* value : values) {
-      setenv(var, value, 1);
-      for (int run = 0; run < 2; ++run) expect_same_outputs(dev, base, std::string(var) + "=" + value + ", run " + std::to_string(run));
+    for (const char* prefetch : {"1", "0"}) {
+      setenv("FLASHKDA_FUSED_PAIR_PREFETCH", prefetch, 1);
+      for (int run = 0; run < 2; ++run)
+        expect_same_outputs(dev, base, std::string("FLASHKDA_FUSED_PAIR_PREFETCH=") + prefetch + ", run " + std::to_string(run));
     }
     expect_matches_oracle(host);
   }
 }
-
-// With and without the L2 prefetch.
-TEST_F(GpuPrefillFusedPair, BitForBitOneBlockAnItem) { expect_pair_bit_for_bit_one_block(667, "FLASHKDA_FUSED_PAIR_PREFETCH", {"1", "0"}); }
-
-// The pair form with the update handed over (FLASHKDA_FUSED_PAIR_U=1, the default, FusedParams::pair_u: each
-// block keeps its own copy of the state and applies the other's chunks with the owner's own
-// operations and instruction): the same cases, and bit for bit one block an item.
-class GpuPrefillFusedPairU : public GpuPrefillFusedPair {
- protected:
-  void SetUp() override {
-    GpuPrefillFusedPair::SetUp();
-    setenv("FLASHKDA_FUSED_PAIR_U", "1", 1);
-  }
-  void TearDown() override {
-    GpuPrefillFusedPair::TearDown();
-  }
-};
-
-TEST_F(GpuPrefillFusedPairU, EdgeLengthsEveryStateForm) {
-  expect_edge_lengths_every_state_form(670);
-  expect_matches_oracle(packed({63, 64, 65, 127, 128, 129, 191, 192, 193}, 3, 671));
-}
-
-TEST_F(GpuPrefillFusedPairU, LongSequencesManyHeads) { expect_fused_long_sequences(672); }
-
-TEST_F(GpuPrefillFusedPairU, LargeStatesAndDecaySweep) { expect_large_states(675, {-8.0f, 0.0f, 8.0f}); }
-
-TEST_F(GpuPrefillFusedPairU, LargeAndSmallValues) { expect_large_and_small_values(676); }
-
-// Block 1 applying block 0's first chunk, block 0 its identity update; the state's hand-over
-// between the update's.
-TEST_F(GpuPrefillFusedPairU, BitForBitOneBlockAnItem) { expect_pair_bit_for_bit_one_block(677, "FLASHKDA_FUSED_PAIR_U", {"1", "0", "1"}); }
 
 // The plan's own choice, nothing forced: sequences of 1024 tokens or more on average on
 // (sequence, head) items for 70% of the multiprocessors or more take the fused prefill

@@ -138,7 +138,6 @@ TEST(PrefillPlan, FewLongItemsRunTheFusedPrefillInPairs) {  // P4, P10
     EXPECT_EQ(p.pass, Pass::kFused);
     EXPECT_TRUE(p.fused_pair);
     EXPECT_FALSE(p.fused_pair_prefetch);  // measured no better: FLASHKDA_FUSED_PAIR_PREFETCH=1 only
-    EXPECT_TRUE(p.fused_pair_u);          // the update handed over, not the state
     EXPECT_EQ(p.workspace_bytes(), 0u);
   }
   EXPECT_FALSE(plan({8192}, 96).fused_pair);          // P1: 96 items fill 73% alone
@@ -154,12 +153,9 @@ TEST(PrefillPlan, FewLongItemsRunTheFusedPrefillInPairs) {  // P4, P10
     EXPECT_TRUE(plan({8192}, 64).fused_pair_prefetch);
   }
   {
-    const ScopedEnv state({{"FLASHKDA_FUSED_PAIR_U", "0"}});
-    EXPECT_TRUE(plan({8192}, 64).fused_pair);
-    EXPECT_FALSE(plan({8192}, 64).fused_pair_u);
+    const ScopedEnv prefetch({{"FLASHKDA_FUSED_PAIR_PREFETCH", "1"}});
     EXPECT_FALSE(plan({8192}, 96).fused_pair);  // a form of the pair, not a reason to take one
   }
-  expect_refused({{"FLASHKDA_FUSED_PAIR_U", "2"}}, shapes({8192}, 64), ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_PAIR_U: expected 0 or 1");
   expect_refused({{"FLASHKDA_FUSED_PAIR", "2"}}, shapes({8192}, 64), ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_PAIR: expected 0 or 1");
   const ScopedEnv forced({{"FLASHKDA_FUSED", "1"}, {"FLASHKDA_FUSED_PAIR", "1"}});
   EXPECT_TRUE(plan({8192}, 96).fused_pair);

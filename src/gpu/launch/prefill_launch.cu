@@ -334,9 +334,11 @@ constexpr int64_t kFusedMinItemsPercentOfSMs = 70;
 // Two blocks an item (FusedParams::pair) where the pairs fit one wave, on long sequences (16 chunks
 // a block or more on average): each block prepares every other chunk while the other steps. By
 // default only where the pairs fill 70% of the multiprocessors (P4, P10: 64 items on 132; one H100,
-// two runs: P4 0.624-0.630 ms against the two-kernel path's 0.647-0.650, P10 1.226 against
-// 1.275-1.283, the one-block form 0.795 / 1.571; docs/perf-notes.md, "The pair form for P4 and
-// P10"); forced fused prefills take them wherever they fit.
+// two runs: with the state handed over, P4 0.624-0.630 ms against the two-kernel path's
+// 0.647-0.650, P10 1.226 against 1.275-1.283, the one-block form 0.795 / 1.571; docs/perf-notes.md,
+// "The pair form for P4 and P10"; with the update handed over instead, at 0b9c88e, P4 0.573-0.577
+// against 0.630-0.633, P10 1.131-1.132 against 1.237-1.246); forced fused prefills take them
+// wherever they fit.
 constexpr int64_t kFusedPairMinMeanTokens = 2048;
 bool pairs_fit(const Problem& p, int sms) { return 2 * p.N * p.H <= sms && p.total_tokens >= kFusedPairMinMeanTokens * p.N; }
 bool pairs_fill(const Problem& p, int sms) {
@@ -404,10 +406,6 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     // The L2 prefetch measured no better (H100: P4 0.630-0.635 against 0.624-0.630 without, P10
     // 1.242-1.243 against 1.226): off unless FLASHKDA_FUSED_PAIR_PREFETCH=1.
     plan.fused_pair_prefetch = forced_switch("FLASHKDA_FUSED_PAIR_PREFETCH") == 1;
-    // The pair's hand-over of the update (~32 KB a chunk, the state 64 KB; docs/perf-notes.md, "The
-    // pair hands over U^T"): one H100, two runs each, at 0b9c88e: P4 0.573-0.577 ms against the state
-    // hand-over's 0.630-0.633, P10 1.131-1.132 against 1.237-1.246. FLASHKDA_FUSED_PAIR_U=0: the state.
-    plan.fused_pair_u = forced_switch("FLASHKDA_FUSED_PAIR_U") != 0;
     return plan;
   }
   if (use_wgmma(p)) {
@@ -467,7 +465,7 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
-                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, plan.fused_pair_u, split};
+                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, split};
   launch_fused(f, stream);
 }
 

@@ -168,13 +168,12 @@ static_assert(schedules_agree(9) && schedules_agree(10), "the chunk schedules");
 // A pair (FusedParams::pair): two blocks of a cluster take one item, block r its chunks r, r + 2,
 // .., each block's chunks one input stage at a time (the next one's q, k, g and v can be
 // prefetched into the L2 a chunk ahead); the second stage's place takes what the other block
-// hands over. By default S^T in fp32 after the owner's update, a math thread's 64 values as 16
-// float4 at [i][thread] (64 KB: ~4.2K cycles of a ~7.3K step through distributed shared memory at
-// 5a4ac03). With FusedParams::pair_u both blocks keep the whole state, and the owner of a chunk
-// hands the other what its update needs: U^T (the fp16 A fragments its own update takes) with the
-// rows' scales, and Kr^T and e^G_C; before its next chunk the other block applies that update to
-// its own copy, the same operations on the same operands. 32 KB a chunk, Kr^T beside the step's
-// first product and U^T right after U. Its layout:
+// hands over. Both blocks keep the whole state, and the owner of a chunk hands the other what its
+// update needs: U^T (the fp16 A fragments its own update takes) with the rows' scales, and Kr^T
+// and e^G_C; before its next chunk the other block applies that update to its own copy, the same
+// operations on the same operands. 32 KB a chunk, Kr^T beside the step's first product and U^T
+// right after U (S^T itself after each step, 64 KB, cost ~4.2K cycles of a ~7.3K step through
+// distributed shared memory at 5a4ac03, and 9% more time at P4 and P10 at 0b9c88e). Its layout:
 struct PeerIn {
   static constexpr uint32_t kU = 0;                                // U^T: a math thread's ua[4] as 4 uint4 at [k-step][thread]
   static constexpr uint32_t kE = kU + kMathThreads * 4 * 16;       // the rows' scales e_row: int2 at [thread]
@@ -186,8 +185,8 @@ struct PeerIn {
 constexpr uint32_t kSmemIn = 0;
 constexpr uint32_t kSmemOp = kSmemIn + kInStages * kInBytes;
 constexpr uint32_t kSmemPeerIn = kSmemIn + kInBytes;  // a pair's: the second input stage's place
-// What a pair's block receives (FusedParams::pair_u: PeerIn; else S^T in fp32) fits the second input stage.
-static_assert(kInStages == 2 && PeerIn::kBytes <= kInBytes && kMathThreads * 64 * 4 <= kInBytes, "a pair's hand-over fits");
+// What a pair's block receives fits the second input stage.
+static_assert(kInStages == 2 && PeerIn::kBytes <= kInBytes, "a pair's hand-over fits");
 constexpr uint32_t kSmemKrT = kSmemOp + OpStage::kBytes;
 static_assert(OpStage::kM + tile_offset(kC, 0, kC) == OpStage::kBytes, "Kr^T's rows continue M's (kSmemKrT right after the stage)");
 constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;

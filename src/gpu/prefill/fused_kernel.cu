@@ -805,15 +805,13 @@ struct MathLane {
   }
 };
 
-// The kernel's four forms: one block an item; a pair's block (FusedParams::pair) whose hand-over
-// is S^T after the owner's update (kPairState) or the update's operands, which the other block
-// applies to its own copy (kPairU, FusedParams::pair_u); and one block a (run, head) of the split
-// pass (kSplitRun, FusedParams::split_runs, StateSplit's runs): run 0 takes segment 0 from the
-// initial state as kOne does, run 2s - 1 segment s from zero (B_s), run 2s from the identity with
-// v = 0 (A_s), both writing fp32 out rows and an fp32 final state into the split's buffers for the
-// stitch kernels.
-enum class Form { kOne, kPairState, kPairU, kSplitRun };
-constexpr bool is_pair(Form f) { return f == Form::kPairState || f == Form::kPairU; }
+// The kernel's three forms: one block an item; a pair's block (FusedParams::pair), which hands the
+// other block the update of its chunk for that block's own copy of the state (PeerLink); and one
+// block a (run, head) of the split pass (kSplitRun, FusedParams::split_runs, StateSplit's runs):
+// run 0 takes segment 0 from the initial state as kOne does, run 2s - 1 segment s from zero (B_s),
+// run 2s from the identity with v = 0 (A_s), both writing fp32 out rows and an fp32 final state
+// into the split's buffers for the stitch kernels.
+enum class Form { kOne, kPair, kSplitRun };
 
 // S^T rows row(0), row(1) of one math thread; columns 8 j + 2t, + 1 (j < 16): an m64n128 D
 // accumulator, with the rows' power-of-two scales (S^ = S 2^-e_row).
@@ -850,14 +848,11 @@ __device__ __forceinline__ void decay_and_update(float (&s)[64], float (&pacc)[3
   ptx::fence_operands(pacc);
 }
 
-// A pair's hand-over (fused_config.h, kSmemPeerIn): this block's receive region and barrier, and
-// the other block's (shared::cluster addresses).
-// Form::kPairState: after each step, S^T in fp32 and true scale (64 KB: a math thread's 64 values
-// as 16 float4 at [i][thread]) goes to the block of the next chunk (send_state, take_state).
-// Form::kPairU (PeerIn's layout): the owner of chunk c sends Kr^T and e^G_C once its
-// operand stage is complete (send_kr, beside its step's first products), then U^T and the rows'
-// scales (send_u), and every math thread arrives once on the other block's barrier (256 a phase),
-// which releases all of that thread's stores of the chunk. The other block applies the chunk's
+// A pair's hand-over (fused_config.h, kSmemPeerIn, PeerIn's layout): this block's receive region
+// and barrier, and the other block's (shared::cluster addresses). The owner of chunk c sends Kr^T
+// and e^G_C once its operand stage is complete (send_kr, beside its step's first products), then
+// U^T and the rows' scales (send_u), and every math thread arrives once on the other block's
+// barrier (256 a phase), which releases all of that thread's stores of the chunk. The other block applies the chunk's
 // update to its own copy of the state before its next step (catch_up).
 // One buffer, without a barrier of its own for its reuse: a block writes chunk c's hand-over in
 // its step c, after it has applied chunk c - 1, whose hand-over the other block sent after it had
@@ -867,28 +862,7 @@ struct PeerLink {
   uint8_t* buf;
   uint64_t* bar;
   uint32_t peer_buf, peer_bar;
-  // kPairState: S^T 2^e_row into the other block's buffer, then one arrival a math thread on its
-  // barrier, which releases the stores.
-  __device__ void send_state(const MathLane& L, const StateRows& S) const {
-    const float f0 = pow2(S.e_row[0]), f1 = pow2(S.e_row[1]);
-    const uint32_t dst = peer_buf + 16 * static_cast<uint32_t>(L.thread());
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      ptx::st_cluster_v4(dst + 16 * kMathThreads * i, make_float4(S.s[4 * i] * f0, S.s[4 * i + 1] * f0, S.s[4 * i + 2] * f1, S.s[4 * i + 3] * f1));
-    ptx::mbarrier_arrive_remote_release(peer_bar);
-  }
-  // kPairState: S^T after the other block's chunk (the hand-over of this parity), in its true scale.
-  __device__ void take_state(const MathLane& L, uint32_t parity, StateRows& S) const {
-    ptx::mbarrier_wait_parity<true>(bar, parity);
-    const float4* in = reinterpret_cast<const float4*>(buf) + L.thread();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float4 x = in[i * kMathThreads];
-      S.s[4 * i] = x.x, S.s[4 * i + 1] = x.y, S.s[4 * i + 2] = x.z, S.s[4 * i + 3] = x.w;
-    }
-    S.e_row[0] = S.e_row[1] = 0;
-  }
-  // kPairU: Kr^T (16 KB) and e^G_C (512 B) of the chunk into the other block's buffer: a math thread's four
+  // Kr^T (16 KB) and e^G_C (512 B) of the chunk into the other block's buffer: a math thread's four
   // and (threads 0 .. 31) one more 16-byte pieces, copied as they lie.
   __device__ void send_kr(const MathLane& L, const Regions& R) const {
     const uint32_t n = static_cast<uint32_t>(L.thread());
@@ -899,14 +873,14 @@ struct PeerLink {
     for (int i = 0; i < 4; ++i) ptx::st_cluster_v4(kr + 16 * (kMathThreads * i + n), src[kMathThreads * i + n]);
     if (n < 32) ptx::st_cluster_v4(peer_buf + PeerIn::kDecay + 16 * n, reinterpret_cast<const uint4*>(R.f(Small::kDecay))[n]);
   }
-  // kPairU: the identity update (U^T and Kr^T zero, e^G_C one, the scales zero as load_state's), for
+  // The identity update (U^T and Kr^T zero, e^G_C one, the scales zero as load_state's), for
   // catch_up before block 0's first chunk; by every thread before the cluster's first barrier.
   __device__ void clear() const {
     for (uint32_t i = threadIdx.x; i < PeerIn::kDecay / 16; i += kThreads) reinterpret_cast<uint4*>(buf)[i] = make_uint4(0u, 0u, 0u, 0u);
     if (threadIdx.x < kD) reinterpret_cast<float*>(buf + PeerIn::kDecay)[threadIdx.x] = 1.f;
     ptx::fence_proxy_async_shared();  // Kr^T's zeros are read by wgmma
   }
-  // kPairU: U^T's fp16 A fragments and the rows' scales, then the arrival that releases them with send_kr's.
+  // U^T's fp16 A fragments and the rows' scales, then the arrival that releases them with send_kr's.
   __device__ void send_u(const MathLane& L, const uint32_t (&ua)[4][4], const StateRows& S) const {
     const uint32_t n = static_cast<uint32_t>(L.thread());
 #pragma unroll
@@ -915,7 +889,7 @@ struct PeerLink {
     ptx::fence_proxy_async_shared_cluster();  // Kr^T is read by the other block's wgmma
     ptx::mbarrier_arrive_remote_release(peer_bar);
   }
-  // kPairU: the other block's last chunk (the hand-over of this parity) on this block's copy of S^T, as its
+  // The other block's last chunk (the hand-over of this parity) on this block's copy of S^T, as its
   // owner did it (step_operands' rescale, then step's decay and update): S^T 2^-e <- e^G_C S^T 2^-e
   // + U^T Kr, e the owner's new scales; then the scales are the owner's.
   // Before the block's first chunk there is nothing to wait for: block 0 applies the identity its
@@ -1028,10 +1002,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   const int count = it.count(c);
   float (&s)[64] = S.s;
   // Chunk c - 1, the other block's.
-  if constexpr (kForm == Form::kPairState) {
-    if (c > 0) link.take_state(L, bars.order.handover_parity(c), S);
-  }
-  if constexpr (kForm == Form::kPairU) link.catch_up(L, c > 0, bars.order.handover_parity(c), S);
+  if constexpr (kForm == Form::kPair) link.catch_up(L, c > 0, bars.order.handover_parity(c), S);
   ptx::mbarrier_wait_parity(&bars.v[bars.order.at(c).stage], bars.order.at(c).phase);
 
   // V^T's pairs (rows v, tokens; bf16 as loaded, zero past the chunk's tokens) from this
@@ -1123,9 +1094,9 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   const uint64_t d_w = ptx::smem_matrix_desc(op + OpStage::kW, 128, tile_stride_bytes(kC));
   float u[32], pacc[32];
   FUSED_MARK(c, 11);
-  constexpr bool kPairU = kForm == Form::kPairU;
-  const bool hand_over = is_pair(kForm) && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
-  if (kPairU && hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
+  constexpr bool kPair = kForm == Form::kPair;
+  const bool hand_over = kPair && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
+  if (kPair && hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
   ptx::fence_operands(y);
@@ -1134,14 +1105,14 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(y, sa[ks], ptx::smem_matrix_desc_advance(d_kt, 256 * ks), true, true);
   ptx::wgmma_commit();
-  // P beside Y; in kPairU after U, which is on the pair's chain, and Kr^T goes over beside Y.
+  // P beside Y; in a pair after U, which is on the pair's chain, and Kr^T goes over beside Y.
   auto issue_p = [&] {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) ptx::wgmma_f16<64>(pacc, sa[ks], ptx::smem_matrix_desc_advance(d_qt, 256 * ks), ks > 0);
     ptx::wgmma_commit();
   };
-  if constexpr (!kPairU) issue_p();
-  ptx::wgmma_wait<kPairU ? 0 : 1>();
+  if constexpr (!kPair) issue_p();
+  ptx::wgmma_wait<kPair ? 0 : 1>();
   ptx::fence_operands(y);
   FUSED_MARK(c, 12);
 
@@ -1155,7 +1126,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   ptx::fence_operands(u);
   FUSED_MARK(c, 13);
   ptx::f16_a_from_d<4>(u, ua);
-  if constexpr (kPairU) {
+  if constexpr (kPair) {
     if (hand_over) link.send_u(L, ua, S);
     ptx::wgmma_fence();
     issue_p();
@@ -1165,9 +1136,6 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   // O's M U and the state's update share A = U^T.
   decay_and_update(s, pacc, ua, R.f(Small::kDecay), t, d_mkr);
   FUSED_MARK(c, 14);
-  if constexpr (kForm == Form::kPairState) {  // the other block's next chunk starts from this state: hand it over first
-    if (hand_over) link.send_state(L, S);
-  }
   if constexpr (kForm == Form::kSplitRun) {
     if (it.run > 0) {
       store_rows_f32(p, it, c, L, S, pacc);
@@ -1230,7 +1198,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 // The kernel's body: one block an item, or a pair's block (FusedParams::pair).
 template <Form kForm>
 __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
-  constexpr bool kPair = is_pair(kForm);
+  constexpr bool kPair = kForm == Form::kPair;
   extern __shared__ __align__(1024) uint8_t smem[];  // the copy engine's swizzled boxes need 1024-byte alignment
   uint8_t* in_stages = smem + kSmemIn;
   uint8_t* small = smem + kSmemSmall;
@@ -1300,7 +1268,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     }
   }
   if constexpr (kPair) {
-    if (kForm == Form::kPairU && rank == 0) link.clear();
+    if (rank == 0) link.clear();
     ptx::cluster_sync();  // the other block's barrier initialised before this one arrives on it
   }
   else __syncthreads();
@@ -1336,7 +1304,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     const int tid = threadIdx.x - kPrepThreads;
     const MathLane M{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
     StateRows S;
-    if (kForm != Form::kPairState || rank == 0) load_state<kForm>(p, it, M, S);  // kPairState: the other block gets it handed over
+    load_state<kForm>(p, it, M, S);
     for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
@@ -1368,10 +1336,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
 __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid_constant__ FusedParams p) { fused_prefill<Form::kOne>(p); }
 // A pair: blocks 2i and 2i + 1 (one cluster) take item i.
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_prefill_pair_kernel(const __grid_constant__ FusedParams p) {
-  fused_prefill<Form::kPairState>(p);
-}
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_prefill_pair_u_kernel(const __grid_constant__ FusedParams p) {
-  fused_prefill<Form::kPairU>(p);
+  fused_prefill<Form::kPair>(p);
 }
 // The split pass's runs: block i takes run i / H of head i % H (FusedParams::split_runs).
 __global__ void __launch_bounds__(kThreads, 1) fused_prefill_split_kernel(const __grid_constant__ FusedParams p) {
@@ -1421,10 +1386,9 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   // The shared-memory limit, raised once per device the caller uses and kernel it launches.
-  static PerDeviceOnce raised[4];  // [form]
-  const int form = split ? 3 : p.pair ? (p.pair_u ? 2 : 1) : 0;
-  constexpr decltype(&fused_prefill_kernel) kernels[4] = {fused_prefill_kernel, fused_prefill_pair_kernel, fused_prefill_pair_u_kernel,
-                                                          fused_prefill_split_kernel};
+  static PerDeviceOnce raised[3];  // [form]
+  const int form = split ? 2 : p.pair ? 1 : 0;
+  constexpr decltype(&fused_prefill_kernel) kernels[3] = {fused_prefill_kernel, fused_prefill_pair_kernel, fused_prefill_split_kernel};
   const auto kernel = kernels[form];
   raised[form].run("raising the fused prefill kernel's shared-memory limit", [kernel] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));

@@ -223,14 +223,12 @@ struct FusedParams {
   // that the longest chains start in the first wave instead of running alone at the end; else
   // sequence i / H. At most kMaxLongestFirstSeqs sequences.
   bool longest_first;
-  // Two blocks an item (a cluster, fused_config.h): block r runs chunks r, r + 2, .., the state
-  // handed over between them before each step, so that each block prepares every other chunk
-  // while the other steps. For items that fill at most half the multiprocessors (PrefillPlan::fused_pair).
+  // Two blocks an item (a cluster, fused_config.h): block r runs chunks r, r + 2, .., each keeping
+  // its own copy of the state and applying the other's updates, handed over after each step, so
+  // that each block prepares every other chunk while the other steps. For items that fill at most
+  // half the multiprocessors (PrefillPlan::fused_pair).
   bool pair;
   bool pair_prefetch;  // pair: each chunk's inputs into the L2 a chunk ahead (FLASHKDA_FUSED_PAIR_PREFETCH=1; off by default)
-  // pair: each block keeps its own copy of the state and the owner of a chunk hands over U^T, Kr^T
-  // and e^G_C (32 KB) instead of S^T after its update (64 KB) (PrefillPlan::fused_pair_u).
-  bool pair_u;
   // The split pass's runs (segments > 0; PrefillPlan::split_fused): block i runs run i / H of head
   // i % H over its segment of the one sequence (StateSplit's runs and buffers; fused_kernel.cu,
   // Form::kSplitRun), and the stitch kernels combine them as they do the state passes' runs.
