@@ -852,8 +852,8 @@ __device__ __forceinline__ void decay_and_update(float (&s)[64], float (&pacc)[3
 // and barrier, and the other block's (shared::cluster addresses). The owner of chunk c sends Kr^T
 // and e^G_C once its operand stage is complete (send_kr, beside its step's first products), then
 // U^T and the rows' scales (send_u), and every math thread arrives once on the other block's
-// barrier (256 a phase), which releases all of that thread's stores of the chunk. The other block applies the chunk's
-// update to its own copy of the state before its next step (catch_up).
+// barrier (256 a phase), which releases all of that thread's stores of the chunk. The other block
+// applies the chunk's update to its own copy of the state before its next step (catch_up).
 // One buffer, without a barrier of its own for its reuse: a block writes chunk c's hand-over in
 // its step c, after it has applied chunk c - 1, whose hand-over the other block sent after it had
 // applied chunk c - 2 (its wgmma waited for), the buffer's previous use. The order passes through
@@ -1096,7 +1096,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   FUSED_MARK(c, 11);
   constexpr bool kPair = kForm == Form::kPair;
   const bool hand_over = kPair && c + 1 < it.chunks();  // a pair: the other block takes the next chunk
-  if (kPair && hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
+  if (hand_over) link.send_kr(L, R);  // (while Y's wgmma run, its registers made ptxas serialize them)
   ptx::fence_operands(s);
   ptx::fence_operands(sa);
   ptx::fence_operands(y);
