@@ -50,6 +50,9 @@ struct PrefillPlan {
   // kSplit: the runs on the fused prefill instead, a block a head and run, chunks of 64 tokens
   // (FusedParams::split_runs; no prep kernel, no records; FLASHKDA_SPLIT_FUSED=0: the wgmma runs)
   bool split_fused = false;
+  // kSplit, split_fused: a segment's two runs as a cluster that prepares each chunk once
+  // (FusedParams::split_shared; S with 2 S H blocks in one wave; FLASHKDA_SPLIT_SHARED=1, not yet run on a GPU)
+  bool split_shared = false;
   // kSplit: the segment states chained in one launch (StitchChain; FLASHKDA_STITCH_CHAIN=0: one
   // launch a step instead)
   bool stitch_chain_launch = true;

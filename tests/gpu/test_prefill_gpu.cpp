@@ -317,6 +317,38 @@ TEST_P(GpuPrefillSplitFused, MatchesOracle) { expect_split_segments_match_oracle
 
 INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitFused, ::testing::Values("3", "8", "16"));
 
+// A segment's two fused runs as one cluster that prepares each chunk once (FLASHKDA_SPLIT_SHARED=1:
+// each block prepares every other chunk and hands the other its operands): the same cases, and bit
+// for bit the runs that prepare their own (the same operations on the same operands).
+class GpuPrefillSplitShared : public GpuPrefillSplitFused {
+ protected:
+  void SetUp() override {
+    GpuPrefillSplitFused::SetUp();
+    setenv("FLASHKDA_SPLIT_SHARED", "1", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLASHKDA_SPLIT_SHARED");
+    GpuPrefillSplitFused::TearDown();
+  }
+};
+
+TEST_P(GpuPrefillSplitShared, MatchesOracle) { expect_split_segments_match_oracle({63, 64, 65, 200, 1100}); }
+
+TEST_P(GpuPrefillSplitShared, BitForBitTheRunsAlone) {
+  for (const int64_t len : {1, 64, 129, 1100, 4097}) {
+    ProblemSpec spec = packed({len}, 3, 1300 + static_cast<uint64_t>(len));
+    spec.init_dtype = spec.final_dtype = DType::kF32;
+    RandomProblem host(spec);
+    DeviceProblem dev(host);
+    setenv("FLASHKDA_SPLIT_SHARED", "0", 1);
+    const DeviceProblem::Outputs base = dev.run_fresh();
+    setenv("FLASHKDA_SPLIT_SHARED", "1", 1);
+    for (int run = 0; run < 2; ++run) expect_same_outputs(dev, base, "T = " + std::to_string(len) + ", run " + std::to_string(run));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Segments, GpuPrefillSplitShared, ::testing::Values("3", "8", "16"));
+
 TEST_F(GpuPrefill, SplitLargeStateLittleDecay) {
   setenv("FLASHKDA_SPLIT", "1", 1);
   for (const float gc : {-8.0f, 0.0f}) {

@@ -251,6 +251,17 @@ TEST(PrefillPlan, SplitRunsOnTheFusedPrefill) {
     EXPECT_EQ(p.tail_sms, 0);
     EXPECT_EQ(p.workspace_bytes(), 3 * (segments - 1) * p.split_state_bytes + 2 * p.split_row_bytes);
   }
+  {  // a segment's two runs as one cluster: 2 S H blocks in one wave (P8: 16 segments, not 17)
+    EXPECT_FALSE(plan({32768}, 8).split_shared);
+    const ScopedEnv shared{{"FLASHKDA_SPLIT_SHARED", "1"}};
+    for (const auto& [tokens, heads, segments] : std::vector<std::tuple<int64_t, int64_t, int>>{{32768, 8, 8}, {65536, 4, 16}, {131072, 8, 8}}) {
+      const PrefillPlan p = plan({tokens}, heads);
+      EXPECT_TRUE(p.split_shared);
+      EXPECT_EQ(p.split_segments, segments);
+      EXPECT_LE(2 * segments * heads, kH200Multiprocessors);
+      EXPECT_EQ(p.workspace_bytes(), 3 * (segments - 1) * p.split_state_bytes + 2 * p.split_row_bytes);
+    }
+  }
   Problem softplus = shapes({32768}, 8);
   softplus.gate = Gate::kSoftplus;
   EXPECT_FALSE(gpu::plan_prefill(softplus, kH200Multiprocessors).split_fused);

@@ -419,6 +419,12 @@ PrefillPlan plan_prefill(const Problem& p, int multiprocessors) {
     plan.split_compact = split.compact;
     plan.split_wgmma = split.wgmma;
     plan.split_fused = split.wgmma && use_split_fused(p);
+    // A segment's two runs sharing their chunks' prep (docs/perf-notes.md, "What to try next"): built
+    // and compiled clean, not yet run on a GPU, so opt-in. 2 S H blocks: S as many as fit one wave
+    // (one fewer run than there are blocks: segment 0's second block runs a spare A run).
+    plan.split_shared = plan.split_fused && forced_switch("FLASHKDA_SPLIT_SHARED") == 1;
+    if (plan.split_shared && !std::getenv("FLASHKDA_SPLIT_SEGMENTS"))
+      plan.split_segments = std::max(2, std::min(plan.split_segments, static_cast<int>(plan.multiprocessors / (2 * p.H))));
     c = split.layout;
   } else if (use_persistent(p, c, plan.multiprocessors)) {
     plan.pass = PrefillPlan::Pass::kPersistent;
@@ -465,7 +471,7 @@ void fused_forward(const Problem& p, const PrefillPlan& plan, cudaStream_t strea
                 activation_view(p.beta, p.beta_rows, p, 1), p.A_log, p.dt_bias, p.lower_bound, p.scale,
                 static_cast<int>(p.H), sequence_table(p), p.initial_state, p.initial_state_dtype == DType::kF32,
                 p.final_state, p.final_state_dtype == DType::kF32, p.out, {plan.fused_split[0], plan.fused_split[1]},
-                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, split};
+                plan.fused_longest_first, plan.fused_pair, plan.fused_pair_prefetch, split, plan.split_shared};
   launch_fused(f, stream);
 }
 

@@ -106,7 +106,12 @@ struct Small {
   static constexpr uint32_t kBarriers = kDecay + kD * 4;         // q/k/g full[2], v full[2]
   static constexpr uint32_t kItemSeq = kBarriers + 4 * 8;        // int64: the block's sequence (FusedParams::longest_first)
   static constexpr uint32_t kPeerIn = kItemSeq + 8;              // a pair's barrier: the other block's chunk handed over (PeerIn)
-  static constexpr uint32_t kBytes = kPeerIn + 8;
+  // FusedParams::split_shared (OperandShare in fused_kernel.cu): kPeerIn's barrier counts the other
+  // block's operands in; this one, the other block's steps on the operands this block sent; and
+  // e^G_C of the chunk received (its operand stage and Kr^T take the second input stage's place).
+  static constexpr uint32_t kPeerEmpty = kPeerIn + 8;
+  static constexpr uint32_t kPeerDecay = (kPeerEmpty + 8 + 15) / 16 * 16;  // [128] fp32
+  static constexpr uint32_t kBytes = kPeerDecay + kD * 4;
 };
 
 constexpr uint32_t kLBlocksBytes = lower_block(kBlocks, 0);  // L's lower blocks, fp32, beta folded; X_bb over L_bb
@@ -193,6 +198,9 @@ constexpr uint32_t kSmemL = kSmemKrT + kKrTBytes;
 constexpr uint32_t kSmemZ = kSmemL + kLBlocksBytes;
 constexpr uint32_t kSmemSmall = kSmemZ + kZBlocksBytes;
 constexpr uint32_t kSmemBytes = kSmemSmall + Small::kBytes;
+static_assert(kSmemSmall % 16 == 0, "16-byte stores into the small arrays");
+// A shared split run receives the other block's operand stage and Kr^T, as they lie, into the second input stage's place.
+static_assert(OpStage::kBytes + kKrTBytes == kInBytes, "an operand stage and Kr^T fill an input stage");
 static_assert(kSmemBytes <= 227 * 1024, "fits one block a multiprocessor");
 
 }  // namespace flashkda::gpu::fused

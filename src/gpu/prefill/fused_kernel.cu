@@ -734,7 +734,7 @@ __device__ __forceinline__ void out_box_read() {
 // Phases 2 to 4 of chunk c, by every thread of the block after its part of the elementwise pass
 // (kPrep: the prep warpgroup's instance). Returns with this thread's part of the operand stage and
 // Kr^T written and fenced for wgmma; operands_ready() waits for the others'.
-template <bool kPrep>
+template <bool kPrep, bool kLoadsV = true>
 __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, int c, const PrepWarp& L, const Regions& R, uint8_t* in_stages,
                                           const InBarriers& bars, Frag16& Ld, Frag16& Md) {
   if constexpr (!kPrep) {  // parts 1 and 2 hand their diagonal products over
@@ -752,7 +752,7 @@ __device__ __forceinline__ void prep_rest(const FusedParams& p, const Item& it, 
     // The next chunk's v into the stage the previous chunk's step has left (one input stage: this
     // chunk's own v).
     const int cv = bars.order.ahead(c, bars.order.stages - 1);
-    if (threadIdx.x == 0 && cv < it.chunks()) load_v(p, it, cv, in_stages, bars);
+    if (kLoadsV && threadIdx.x == 0 && cv < it.chunks()) load_v(p, it, cv, in_stages, bars);
     put_diagonal(L, R, Ld, Md);
   } else {
     if (L.part() == 1) factor_table(R, static_cast<int>(threadIdx.x) - kPrepThreads);
@@ -810,8 +810,12 @@ struct MathLane {
 // block a (run, head) of the split pass (kSplitRun, FusedParams::split_runs, StateSplit's runs):
 // run 0 takes segment 0 from the initial state as kOne does, run 2s - 1 segment s from zero (B_s),
 // run 2s from the identity with v = 0 (A_s), both writing fp32 out rows and an fp32 final state
-// into the split's buffers for the stitch kernels.
-enum class Form { kOne, kPair, kSplitRun };
+// into the split's buffers for the stitch kernels. kSplitShared (FusedParams::split_shared): the
+// same runs, a segment's two as the two blocks of a cluster that each prepare every other chunk and
+// hand the other its operands (OperandShare); segment 0's second block runs a spare A run whose
+// rows go to out_a's unused rows of segment 0 and whose state is not stored (run 2S).
+enum class Form { kOne, kPair, kSplitRun, kSplitShared };
+constexpr bool is_split(Form f) { return f == Form::kSplitRun || f == Form::kSplitShared; }
 
 // S^T rows row(0), row(1) of one math thread; columns 8 j + 2t, + 1 (j < 16): an m64n128 D
 // accumulator, with the rows' power-of-two scales (S^ = S 2^-e_row).
@@ -921,6 +925,39 @@ struct PeerLink {
   }
 };
 
+// Form::kSplitShared: a segment's B and A runs, the two blocks of a cluster, each prepare every
+// other chunk and hand the other their operand stage, Kr^T and e^G_C (64.5 KB, as they lie) once it
+// is complete; each steps every chunk on its own state. The receive region is the second input
+// stage's place (the Small arrays hold e^G_C and the barriers): the sender's 128 prep threads arrive
+// once a chunk on the receiver's `full` barrier (releasing their stores), the receiver's 256 math
+// threads once on the sender's `empty` barrier after their step's last wgmma has read the region, and
+// the sender waits for that before it writes the region again (one chunk in flight each way).
+struct OperandShare {
+  uint64_t* full;
+  uint64_t* empty;
+  uint32_t peer_buf, peer_decay, peer_full, peer_empty;
+  // The prep warpgroup, after chunk c's operands are complete: this block's k-th hand-over.
+  __device__ void send(int k, const uint8_t* smem, const uint8_t* small) const {
+    if (k > 0) ptx::mbarrier_wait_parity<true>(empty, static_cast<uint32_t>(k - 1) & 1u);
+    const uint32_t n = threadIdx.x;  // a prep thread
+    static_assert(kSmemKrT == kSmemOp + OpStage::kBytes && kInBytes % (16 * kPrepThreads) == 0 && kD * 4 <= 16 * kPrepThreads,
+                  "the operand stage and Kr^T in one piece, whole 16-byte pieces a thread");
+    const uint4* src = reinterpret_cast<const uint4*>(smem + kSmemOp);
+#pragma unroll 4
+    for (uint32_t i = 0; i < kInBytes / 16 / kPrepThreads; ++i) ptx::st_cluster_v4(peer_buf + 16 * (kPrepThreads * i + n), src[kPrepThreads * i + n]);
+    if (n < kD * 4 / 16) ptx::st_cluster_v4(peer_decay + 16 * n, reinterpret_cast<const uint4*>(small + Small::kDecay)[n]);
+    ptx::fence_proxy_async_shared_cluster();  // read by the other block's wgmma
+    ptx::mbarrier_arrive_remote_release(peer_full);
+  }
+  // The math threads, before stepping on the k-th chunk received.
+  __device__ void wait(int k) const {
+    ptx::mbarrier_wait_parity<true>(full, static_cast<uint32_t>(k) & 1u);
+    ptx::fence_proxy_async_shared();  // written by the other block's stores, read by wgmma
+  }
+  // After that step (its wgmma waited for): the region may be written again.
+  __device__ void release() const { ptx::mbarrier_arrive_remote_release(peer_empty); }
+};
+
 // Element offsets of a row's pairs: the row's own, then 8 j (immediates: 32 addresses kept through
 // the chunks would spill).
 __device__ __forceinline__ int64_t state_row(const FusedParams& p, const Item& it, const MathLane& L, int h) {
@@ -929,7 +966,7 @@ __device__ __forceinline__ int64_t state_row(const FusedParams& p, const Item& i
 
 template <Form kForm>
 __device__ __forceinline__ void load_state(const FusedParams& p, const Item& it, const MathLane& L, StateRows& S) {
-  if constexpr (kForm == Form::kSplitRun) {
+  if constexpr (is_split(kForm)) {
     if (it.run > 0) {  // B_s from zero, A_s from the identity: S^T[j][k] = [j == k]
       const bool a_run = StateSplit::is_a_run(it.run);
 #pragma unroll
@@ -962,7 +999,8 @@ template <Form kForm>
 __device__ __forceinline__ void store_state(const FusedParams& p, const Item& it, const MathLane& L, const StateRows& S) {
   void* final_state = p.final_state;
   bool final_f32 = p.final_f32;
-  if constexpr (kForm == Form::kSplitRun) {  // S_0^T, B_s^T or A_s^T for the stitch (N = 1: it.seq = 0)
+  if constexpr (is_split(kForm)) {  // S_0^T, B_s^T or A_s^T for the stitch (N = 1: it.seq = 0)
+    if (kForm == Form::kSplitShared && it.run == 2 * p.split_runs.segments) return;  // segment 0's spare A run
     final_state = p.split_runs.run_final(it.run, int64_t{p.num_heads} * kD * kD);
     final_f32 = true;
   }
@@ -1003,7 +1041,11 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   float (&s)[64] = S.s;
   // Chunk c - 1, the other block's.
   if constexpr (kForm == Form::kPair) link.catch_up(L, c > 0, bars.order.handover_parity(c), S);
-  ptx::mbarrier_wait_parity(&bars.v[bars.order.at(c).stage], bars.order.at(c).phase);
+  if constexpr (kForm == Form::kSplitShared) {  // every chunk's v through the one stage, a box a warpgroup (the A run's: none)
+    if (!StateSplit::is_a_run(it.run)) ptx::mbarrier_wait_parity(&bars.v[L.wg], static_cast<uint32_t>(c) & 1u);
+  } else {
+    ptx::mbarrier_wait_parity(&bars.v[bars.order.at(c).stage], bars.order.at(c).phase);
+  }
 
   // V^T's pairs (rows v, tokens; bf16 as loaded, zero past the chunk's tokens) from this
   // warpgroup's box by ldmatrix.trans: vraw[ks][r] holds value row 16 warp + g + 8 (r & 1), tokens
@@ -1012,7 +1054,7 @@ __device__ __forceinline__ void step_operands(const Item& it, int c, const MathL
   uint32_t vraw[4][4];
   float vmax[2] = {0.f, 0.f};
   // V's tokens; an A_s run's v is zero (its rows arrive all the same: one barrier protocol).
-  const int vcount = kForm == Form::kSplitRun && StateSplit::is_a_run(it.run) ? 0 : count;
+  const int vcount = is_split(kForm) && StateSplit::is_a_run(it.run) ? 0 : count;
   {
     const int m = L.lane / 8;
 #pragma unroll
@@ -1136,7 +1178,7 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
   // O's M U and the state's update share A = U^T.
   decay_and_update(s, pacc, ua, R.f(Small::kDecay), t, d_mkr);
   FUSED_MARK(c, 14);
-  if constexpr (kForm == Form::kSplitRun) {
+  if constexpr (is_split(kForm)) {
     if (it.run > 0) {
       store_rows_f32(p, it, c, L, S, pacc);
       return;
@@ -1199,12 +1241,15 @@ __device__ __forceinline__ void step(const FusedParams& p, const Item& it, int c
 template <Form kForm>
 __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
   constexpr bool kPair = kForm == Form::kPair;
+  constexpr bool kShared = kForm == Form::kSplitShared;
+  constexpr bool kCluster = kPair || kShared;
   extern __shared__ __align__(1024) uint8_t smem[];  // the copy engine's swizzled boxes need 1024-byte alignment
   uint8_t* in_stages = smem + kSmemIn;
   uint8_t* small = smem + kSmemSmall;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(small + Small::kBarriers);
-  const int rank = kPair ? static_cast<int>(ptx::cluster_ctarank()) : 0;
-  const Schedule order{rank, kPair ? 1 : 0, kPair ? 1 : kInStages};
+  const int rank = kCluster ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  // A block's own chunks (a pair's or a shared split run's: every other one, through one input stage).
+  const Schedule order{rank, kCluster ? 1 : 0, kCluster ? 1 : kInStages};
   const InBarriers bars{barriers, barriers + kInStages, order};
   auto regions = [&](int c) {
     return Regions{in_stages + order.at(c).stage * kInBytes, smem + kSmemOp, smem + kSmemKrT, smem + kSmemL, smem + kSmemZ, small};
@@ -1215,9 +1260,22 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     link.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemPeerIn), static_cast<uint32_t>(rank ^ 1));
     link.peer_bar = ptx::map_to_rank(ptx::smem_addr(peer_bar), static_cast<uint32_t>(rank ^ 1));
   }
+  uint64_t* empty_bar = reinterpret_cast<uint64_t*>(small + Small::kPeerEmpty);
+  OperandShare share{peer_bar, empty_bar, 0u, 0u, 0u, 0u};
+  if constexpr (kShared) {
+    const uint32_t other = static_cast<uint32_t>(rank ^ 1);
+    share.peer_buf = ptx::map_to_rank(ptx::smem_addr(smem + kSmemPeerIn), other);
+    share.peer_decay = ptx::map_to_rank(ptx::smem_addr(small + Small::kPeerDecay), other);
+    share.peer_full = ptx::map_to_rank(ptx::smem_addr(peer_bar), other);
+    share.peer_empty = ptx::map_to_rank(ptx::smem_addr(empty_bar), other);
+  }
+  // A shared split run's step on the other block's chunk: its operands in the receive region, e^G_C
+  // where the step reads it (Small::kDecay of a base moved to kPeerDecay), v in the one stage.
+  const Regions peer_regions{in_stages, smem + kSmemPeerIn, smem + kSmemPeerIn + OpStage::kBytes, smem + kSmemL, smem + kSmemZ,
+                         small + (Small::kPeerDecay - Small::kDecay)};
 
   Item it;
-  const unsigned item = kPair ? blockIdx.x / 2 : blockIdx.x;  // a pair: blocks 2i, 2i + 1
+  const unsigned item = kCluster ? blockIdx.x / 2 : blockIdx.x;  // a pair: blocks 2i, 2i + 1
   it.head = static_cast<int>(item % p.num_heads);
   it.seq = item / p.num_heads;
   if (p.longest_first) {  // the sequence of rank it.seq: longest first, ties by index (SequenceTable::order_by_length's order)
@@ -1235,14 +1293,20 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     __syncthreads();
     it.seq = at<int64_t>(small, Small::kItemSeq);
   }
+  [[maybe_unused]] int segment = 0;  // kSplitShared's (kSplitRun's follows from its run)
   if constexpr (kForm == Form::kSplitRun) {  // blocks (run, head), heads fastest; one sequence
     it.run = static_cast<int>(it.seq);
     it.seq = 0;
   }
+  if constexpr (kShared) {  // clusters (segment, head): the B run, then the A run (segment 0: the spare one, 2S)
+    segment = static_cast<int>(it.seq);
+    it.seq = 0;
+    it.run = rank == 0 ? (segment == 0 ? 0 : 2 * segment - 1) : (segment == 0 ? 2 * p.split_runs.segments : 2 * segment);
+  }
   int64_t eos;
   p.seqs.bounds(it.seq, it.bos, eos);
-  if constexpr (kForm == Form::kSplitRun) {  // the run's segment, in whole chunks
-    StateSplit::segment_tokens(it.bos, eos, p.split_runs.segments, StateSplit::segment_of(it.run), kC, it.bos, eos);
+  if constexpr (is_split(kForm)) {  // the run's segment, in whole chunks
+    StateSplit::segment_tokens(it.bos, eos, p.split_runs.segments, kShared ? segment : StateSplit::segment_of(it.run), kC, it.bos, eos);
   }
   it.len = eos - it.bos;
   const int chunks = it.chunks();
@@ -1250,11 +1314,21 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kInStages; ++s) ptx::mbarrier_init(&barriers[s], 1);
     if (kPair) ptx::mbarrier_init(peer_bar, kMathThreads);
+    if (kShared) {
+      ptx::mbarrier_init(peer_bar, kPrepThreads);
+      ptx::mbarrier_init(empty_bar, kMathThreads);
+    }
     ptx::fence_mbarrier_init();
     // The first chunks' inputs: q, k, g a stage each, v of all but the last (prep_rest loads the others).
     for (int n = 0; n < order.stages && order.chunk(n) < chunks; ++n) load_qkg(p, it, order.chunk(n), in_stages, bars);
     for (int n = 0; n < order.stages - 1 && order.chunk(n) < chunks; ++n) load_v(p, it, order.chunk(n), in_stages, bars);
     if (kPair && p.pair_prefetch && order.chunk(1) < chunks) prefetch_inputs(p, it, order.chunk(1));
+    if (kShared && !StateSplit::is_a_run(it.run) && chunks > 0) {  // chunk 0's v, a box a math warpgroup
+      for (int wg = 0; wg < 2; ++wg) {
+        ptx::mbarrier_arrive_expect_tx(&bars.v[wg], kBoxBytes);
+        ptx::tensor_copy_3d_g2s(in_stages + kInV + wg * kBoxBytes, &p.v_tiles, 64 * wg, it.head, it.row(0), &bars.v[wg]);
+      }
+    }
   }
   const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
   // The gate's bias times the gate's factor: one FFMA a gate where an add and a multiply were.
@@ -1267,9 +1341,9 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
       at<uint32_t>(smem + kSmemOp, OpStage::kW + tile_offset(r, col, kC)) = 0u;
     }
   }
-  if constexpr (kPair) {
-    if (rank == 0) link.clear();
-    ptx::cluster_sync();  // the other block's barrier initialised before this one arrives on it
+  if constexpr (kCluster) {
+    if (kPair && rank == 0) link.clear();
+    ptx::cluster_sync();  // the other block's barriers initialised before this one arrives on them
   }
   else __syncthreads();
 
@@ -1278,6 +1352,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     set_max_registers_dec<kPrepRegs>();
     const uint16_t* head_beta = it.len > 0 ? p.beta.row(it.bos, it.head) : nullptr;
     uint32_t beta = beta_bits(p, it, head_beta, order.first, threadIdx.x);
+    [[maybe_unused]] int sends = 0;  // kShared: the operands handed over so far
     for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
@@ -1293,11 +1368,12 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
       beta = beta_bits(p, it, head_beta, order.ahead(c, 1), threadIdx.x);
       Frag16 Ld = {}, Md = {};
       elementwise_pass(p, L, R, neg_expA_log2e, 0, p.split[0], Ld, Md);
-      prep_rest<true>(p, it, c, L, R, in_stages, bars, Ld, Md);
+      prep_rest<true, !kShared>(p, it, c, L, R, in_stages, bars, Ld, Md);
       operands_ready(c);
       // The stage's q, k, g are free: the block's chunk a round of stages on comes in (the fence in
       // prep_rest ordered the stores).
       if (threadIdx.x == 0 && order.ahead(c, order.stages) < chunks) load_qkg(p, it, order.ahead(c, order.stages), in_stages, bars);
+      if constexpr (kShared) share.send(sends++, smem, small);
     }
   } else {
     set_max_registers_inc<kMathRegs>();
@@ -1305,7 +1381,49 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     const MathLane M{tid / 128, (tid / 32) % 4, tid % 32, (tid % 32) / 4, tid % 4};
     StateRows S;
     load_state<kForm>(p, it, M, S);
-    for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
+    if constexpr (kShared) {
+      // Every chunk in order, each stepped once its operands are complete; a block prepares its next
+      // own chunk before it steps the other's chunk before that one (the prep needs no state), so
+      // that each block's time a pair of chunks is one prep and two steps.
+      int received = 0;
+      auto step_chunk = [&](int c, const Regions& R) {
+        const MathLane ML = M.laundered();
+        StepOperands o;
+        step_operands<kForm>(it, c, ML, R, bars, link, S, o);
+        step<kForm>(p, it, c, ML, R, link, S, o);
+        // The B run's next v into this warpgroup's box, once its rows are read (and run 0's out rows stored).
+        if (!StateSplit::is_a_run(it.run) && c + 1 < chunks) {
+          named_sync(kMathBarrier + ML.wg, 128);
+          if (threadIdx.x % 128 == 0) {
+            ptx::bulk_wait_group_read<0>();
+            ptx::mbarrier_arrive_expect_tx(&bars.v[ML.wg], kBoxBytes);
+            ptx::tensor_copy_3d_g2s(in_stages + kInV + ML.wg * kBoxBytes, &p.v_tiles, 64 * ML.wg, it.head, it.row(c + 1), &bars.v[ML.wg]);
+            // The one after it into the L2: an own chunk's v is requested right before its step.
+            if (c + 2 < chunks) ptx::tensor_prefetch_3d_l2(&p.v_tiles, 64 * ML.wg, it.head, it.row(c + 2));
+          }
+        }
+      };
+      auto step_received = [&](int c) {
+        share.wait(received++);
+        step_chunk(c, peer_regions);
+        share.release();
+      };
+      for (int c = order.first; c < chunks; c = order.ahead(c, 1)) {
+        const Regions R = regions(c);
+        const PrepWarp L = L0.laundered();
+        named_sync(kInputsBarrier, kThreads);  // beta and the norms of chunk c
+        ptx::mbarrier_wait_parity(&bars.qkg[order.at(c).stage], order.at(c).phase);
+        Frag16 Ld = {}, Md = {};
+        const int part = L.part();
+        elementwise_pass(p, L, R, neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
+        prep_rest<false, false>(p, it, c, L, R, in_stages, bars, Ld, Md);
+        operands_ready(c);
+        if (c > 0) step_received(c - 1);
+        step_chunk(c, R);
+      }
+      if (chunks > 0 && ((chunks - 1) & 1) != rank) step_received(chunks - 1);
+    }
+    for (int c = order.first; c < chunks && !kShared; c = order.ahead(c, 1)) {
       const Regions R = regions(c);
       const PrepWarp L = L0.laundered();
       FUSED_MARK(c, 0);
@@ -1329,8 +1447,8 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     if (rank == (chunks > 0 ? (chunks - 1) % 2 : 0) || !kPair) store_state<kForm>(p, it, M.laundered(), S);
     out_box_read();
   }
-  // Neither block of a pair leaves while the other may still write its shared memory.
-  if constexpr (kPair) ptx::cluster_sync();
+  // Neither block of a cluster leaves while the other may still write its shared memory.
+  if constexpr (kCluster) ptx::cluster_sync();
 }
 
 __global__ void __launch_bounds__(kThreads, 1) fused_prefill_kernel(const __grid_constant__ FusedParams p) { fused_prefill<Form::kOne>(p); }
@@ -1341,6 +1459,11 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_p
 // The split pass's runs: block i takes run i / H of head i % H (FusedParams::split_runs).
 __global__ void __launch_bounds__(kThreads, 1) fused_prefill_split_kernel(const __grid_constant__ FusedParams p) {
   fused_prefill<Form::kSplitRun>(p);
+}
+// The split pass's runs a segment's two a cluster (FusedParams::split_shared): blocks 2i, 2i + 1
+// take segment i / H of head i % H.
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) fused_prefill_split_shared_kernel(const __grid_constant__ FusedParams p) {
+  fused_prefill<Form::kSplitShared>(p);
 }
 
 #ifdef FLASHKDA_FUSED_TIMING
@@ -1378,7 +1501,8 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   const bool split = p.split_runs.segments > 0;
   if (split && (p.pair || p.longest_first || p.seqs.num_seqs != 1))
     fail(ErrorCode::kInternal, "the fused split pass runs one sequence, one block a run and head");
-  const int64_t blocks = split ? (2 * int64_t{p.split_runs.segments} - 1) * p.num_heads : p.seqs.num_seqs * p.num_heads * (p.pair ? 2 : 1);
+  const int64_t blocks = !split ? p.seqs.num_seqs * p.num_heads * (p.pair ? 2 : 1)
+                        : (2 * int64_t{p.split_runs.segments} - (p.split_shared ? 0 : 1)) * p.num_heads;
   if (blocks == 0) return;
   if (blocks > INT32_MAX) fail(ErrorCode::kUnsupported, "q: the fused prefill takes fewer than 2^31 blocks, got ", blocks);
   if (p.longest_first && p.seqs.num_seqs > kMaxLongestFirstSeqs)
@@ -1386,9 +1510,10 @@ void launch_fused(const FusedParams& p, cudaStream_t stream) {
   if (!valid_split(p.split[0], p.split[1]))
     fail(ErrorCode::kInvalidArgument, "FLASHKDA_FUSED_SPLIT: expected 0 < a < b < ", kChannelGroups, ", got ", p.split[0], ",", p.split[1]);
   // The shared-memory limit, raised once per device the caller uses and kernel it launches.
-  static PerDeviceOnce raised[3];  // [form]
-  const int form = split ? 2 : p.pair ? 1 : 0;
-  constexpr decltype(&fused_prefill_kernel) kernels[3] = {fused_prefill_kernel, fused_prefill_pair_kernel, fused_prefill_split_kernel};
+  static PerDeviceOnce raised[4];  // [form]
+  const int form = split ? (p.split_shared ? 3 : 2) : p.pair ? 1 : 0;
+  constexpr decltype(&fused_prefill_kernel) kernels[4] = {fused_prefill_kernel, fused_prefill_pair_kernel, fused_prefill_split_kernel,
+                                                          fused_prefill_split_shared_kernel};
   const auto kernel = kernels[form];
   raised[form].run("raising the fused prefill kernel's shared-memory limit", [kernel] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));

@@ -233,6 +233,9 @@ struct FusedParams {
   // i % H over its segment of the one sequence (StateSplit's runs and buffers; fused_kernel.cu,
   // Form::kSplitRun), and the stitch kernels combine them as they do the state passes' runs.
   StateSplit split_runs{};
+  // split_runs: a segment's B and A runs as the two blocks of a cluster that each prepare every
+  // other chunk and hand the other the operands (PrefillPlan::split_shared; FLASHKDA_SPLIT_SHARED=1)
+  bool split_shared = false;
 };
 void launch_fused(const FusedParams& p, cudaStream_t stream);
 
