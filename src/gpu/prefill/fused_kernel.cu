@@ -126,7 +126,9 @@ struct Item {
   int64_t bos, len;
   int head;
   int64_t seq;
-  int run = 0;  // Form::kSplitRun: the split pass's run (StateSplit), its segment's tokens in [bos, bos + len)
+  // The split forms: the split pass's run (StateSplit; kSplitShared: 2S for segment 0's spare A
+  // run), its segment's tokens in [bos, bos + len).
+  int run = 0;
   __device__ int chunks() const { return static_cast<int>((len + kC - 1) / kC); }
   __device__ int count(int c) const { return static_cast<int>(len - int64_t{kC} * c < kC ? len - int64_t{kC} * c : kC); }
   __device__ int row(int c) const { return static_cast<int>(bos + int64_t{kC} * c); }
