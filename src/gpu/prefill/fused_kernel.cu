@@ -170,6 +170,12 @@ __device__ __forceinline__ void load_v(const FusedParams& p, const Item& it, int
   ptx::mbarrier_arrive_expect_tx(&bars.v[at.stage], kSwizzledTileBytes);
   load_tile(in_stages + at.stage * kInBytes + kInV, &p.v_tiles, it.head, it.row(c), &bars.v[at.stage]);
 }
+// Form::kSplitShared: chunk c's v box `wg` (the box math warpgroup wg reads) into the one stage, on
+// barrier v[wg] (every chunk's v in turn, parity c % 2).
+__device__ __forceinline__ void load_v_box(const FusedParams& p, const Item& it, int c, int wg, uint8_t* in_stages, const InBarriers& bars) {
+  ptx::mbarrier_arrive_expect_tx(&bars.v[wg], kBoxBytes);
+  ptx::tensor_copy_3d_g2s(in_stages + kInV + wg * kBoxBytes, &p.v_tiles, 64 * wg, it.head, it.row(c), &bars.v[wg]);
+}
 // A pair's block, one input stage: chunk c's q, k, g and v into the L2 a chunk before their
 // stage is free, so that the copies into it wait for the L2, not device memory.
 __device__ __forceinline__ void prefetch_inputs(const FusedParams& p, const Item& it, int c) {
@@ -1326,10 +1332,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
     for (int n = 0; n < order.stages - 1 && order.chunk(n) < chunks; ++n) load_v(p, it, order.chunk(n), in_stages, bars);
     if (kPair && p.pair_prefetch && order.chunk(1) < chunks) prefetch_inputs(p, it, order.chunk(1));
     if (kShared && !StateSplit::is_a_run(it.run) && chunks > 0) {  // chunk 0's v, a box a math warpgroup
-      for (int wg = 0; wg < 2; ++wg) {
-        ptx::mbarrier_arrive_expect_tx(&bars.v[wg], kBoxBytes);
-        ptx::tensor_copy_3d_g2s(in_stages + kInV + wg * kBoxBytes, &p.v_tiles, 64 * wg, it.head, it.row(0), &bars.v[wg]);
-      }
+      for (int wg = 0; wg < 2; ++wg) load_v_box(p, it, 0, wg, in_stages, bars);
     }
   }
   const float neg_expA_log2e = -ptx::kLog2e * expf(p.A_log[it.head]);
@@ -1398,8 +1401,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
           named_sync(kMathBarrier + ML.wg, 128);
           if (threadIdx.x % 128 == 0) {
             ptx::bulk_wait_group_read<0>();
-            ptx::mbarrier_arrive_expect_tx(&bars.v[ML.wg], kBoxBytes);
-            ptx::tensor_copy_3d_g2s(in_stages + kInV + ML.wg * kBoxBytes, &p.v_tiles, 64 * ML.wg, it.head, it.row(c + 1), &bars.v[ML.wg]);
+            load_v_box(p, it, c + 1, ML.wg, in_stages, bars);
             // The one after it into the L2: an own chunk's v is requested right before its step.
             if (c + 2 < chunks) ptx::tensor_prefetch_3d_l2(&p.v_tiles, 64 * ML.wg, it.head, it.row(c + 2));
           }
@@ -1418,7 +1420,7 @@ __device__ __forceinline__ void fused_prefill(const FusedParams& p) {
         Frag16 Ld = {}, Md = {};
         const int part = L.part();
         elementwise_pass(p, L, R, neg_expA_log2e, p.split[part - 1], part == kParts - 1 ? kChannelGroups : p.split[part], Ld, Md);
-        prep_rest<false, false>(p, it, c, L, R, in_stages, bars, Ld, Md);
+        prep_rest<false>(p, it, c, L, R, in_stages, bars, Ld, Md);  // (the math instance loads no v)
         operands_ready(c);
         if (c > 0) step_received(c - 1);
         step_chunk(c, R);
